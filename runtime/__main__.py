@@ -348,7 +348,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="run a manager process that workers, clients and consoles join",
         description="Run the control plane (scheduler, file registry, manager) and a "
         f"websocket gateway. Workers join with `{prog} worker ws://HOST:PORT`, "
-        "clients with Cluster('ws://HOST:PORT'). Stops gracefully on SIGINT/SIGTERM.",
+        "clients with Cluster('ws://HOST:PORT'). Stops gracefully on SIGINT/SIGTERM/SIGHUP.",
     )
     mgr.add_argument(
         "--listen",
@@ -515,7 +515,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         description="Join the manager at ADDRESS and run its tasks. The worker listens on "
         "a free port of --host for its peers (they fetch inputs from each other directly; "
         "--port or --port-range to choose it). "
-        "Stops gracefully on SIGINT/SIGTERM: its running tasks go back to the scheduler.",
+        "Stops gracefully on SIGINT/SIGTERM/SIGHUP: its running tasks go back to the scheduler.",
     )
     wrk.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
     wrk.add_argument("--cores", type=int, default=1, metavar="N", help="task threads (default: 1)")

@@ -51,6 +51,7 @@ from runtime import pickling, unpickling
 from runtime.errors import (
     FLOOR_ADVICE,
     PAST_LIMIT_ADVICE,
+    STOP_SIGNALS,
     ActorStopped,
     AddressInUse,
     AskTimeout,
@@ -693,7 +694,7 @@ class _RemoteManager:
         (:class:`ManagerStopping`) when it stopped on purpose, else ManagerLost."""
         farewell = self.peer.farewell
         if farewell is not None:
-            how = getattr(farewell, "how", "SIGINT or SIGTERM")
+            how = getattr(farewell, "how", STOP_SIGNALS)
             return ManagerStopping(self.address, how, for_client=True)
         return ManagerLost(self.address, self.peer.why_closed())
 

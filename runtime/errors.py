@@ -1757,17 +1757,20 @@ def _resubmit(address: str) -> str:
     )
 
 
+#: the signals that stop a manager or worker process in order (runtime/node.py
+#: ``_until_signalled``), in words: a closed terminal's SIGHUP is one of them
+STOP_SIGNALS = "SIGINT, SIGTERM or SIGHUP"
+
+
 class ManagerStopping(ManagerLost):
-    """The manager stops on purpose (SIGINT/SIGTERM, or its embedding program cancelled
+    """The manager stops on purpose (SIGINT/SIGTERM/SIGHUP, or its embedding program cancelled
     it): the last word it sends each connection (a ``Refused`` frame) before it closes
     it. A worker told so leaves (one with ``--connect-retry`` tries to rejoin a manager
     started again there for that long first); a client's pending calls and later ones
     raise it (a :class:`ManagerLost`, so code that catches that still does), with
     ``for_client``: its text then says what to do next, as ManagerLost's does."""
 
-    def __init__(
-        self, address: str, how: str = "SIGINT or SIGTERM", *, for_client: bool = False
-    ) -> None:
+    def __init__(self, address: str, how: str = STOP_SIGNALS, *, for_client: bool = False) -> None:
         # Without for_client: the text consoles and workers show as the reason the
         # connection ended (and a websocket's close reason: short).
         tail = f". {_resubmit(address)}" if for_client else ""

@@ -71,6 +71,7 @@ from actors.scheduler_records import SchedulerConfig
 from actors.worker import Leave, Spilling, Worker, host_cpus
 from policies import KINDS, REGISTRY
 from runtime.errors import (
+    STOP_SIGNALS,
     ActorStopped,
     AddressInUse,
     AskTimeout,
@@ -2115,7 +2116,7 @@ class Gateway:
             "to the worker (worker ids come first). Connect again under another name",
         )
 
-    async def say_goodbye(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
+    async def say_goodbye(self, address: str, how: str = STOP_SIGNALS) -> None:
         """The manager stops on purpose (``how``): tell every connection so
         (:class:`ManagerStopping` in a ``Refused`` frame: its workers leave rather than
         try to rejoin) and close it, all at once, within :data:`GOODBYE_TIMEOUT`."""
@@ -2281,23 +2282,33 @@ class Link:
 GIVE_UP_TIMEOUT = 10.0
 
 
+def _stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals :func:`_until_signalled` stops the process on: SIGINT, SIGTERM and
+    SIGHUP, but not SIGHUP when this process was started ignoring it (``nohup``: it
+    means to outlive its terminal, and a handler would undo that)."""
+    hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGINT, signal.SIGTERM, *hangup)
+
+
 async def _until_signalled(
     on_signal: Callable[[], Awaitable[None]],
     give_up: Callable[[], Awaitable[int | None]] | None = None,
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Call ``on_signal`` at the first SIGINT or SIGTERM, then keep the signals: a
-    batch system signals every process of a job, and the job script's trap passes the
-    signal on, so a worker gets SIGTERM twice as it starts to copy its outputs away; with
-    Python's default handler back, the second one would end it half-way. A second
-    SIGINT (Ctrl-C again) stops the process with exit status 130: at once, or once
-    ``give_up`` has returned (a manager's monitoring database drops the rows it was
-    catching up on and writes the run's end: :func:`runtime.monitordb.give_up_all`;
-    the rows dropped in all, None when
-    there was nothing to give up), waited for at most :data:`GIVE_UP_TIMEOUT` seconds;
-    a third SIGINT meanwhile stops it at once."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """Call ``on_signal`` at the first SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`:
+    a closed terminal's hangup stops the process in order too, unless it was started
+    under ``nohup``, :func:`_stop_signals`; its log line names the signal), then keep
+    the signals: a batch system signals every process of a job, and the job script's
+    trap passes the signal on, so a worker gets SIGTERM twice as it starts to copy its
+    outputs away; with Python's default handler back, the second one would end it
+    half-way. A second SIGINT (Ctrl-C again) stops the process with exit status 130: at
+    once, or once ``give_up`` has returned (a manager's monitoring database drops the
+    rows it was catching up on and writes the run's end:
+    :func:`runtime.monitordb.give_up_all`; the rows dropped in all, None when there was
+    nothing to give up), waited for at most :data:`GIVE_UP_TIMEOUT` seconds; a third
+    SIGINT meanwhile stops it at once."""
+    with anyio.open_signal_receiver(*_stop_signals()) as signals:
         task_status.started()
         stopping = giving_up = False
         async with anyio.create_task_group() as tg:
@@ -2419,7 +2430,7 @@ async def run_manager(
     client_timeout: float | None = None,
     keep_tokens: bool = False,
 ) -> None:
-    """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
+    """Run a manager process until SIGINT, SIGTERM or SIGHUP: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address). Cancelled
     (an embedding program's cancel scope), it stops as on SIGTERM, shielded and bounded
     (:func:`_stop_manager`, then every actor in order), and the cancellation goes on.
@@ -2615,7 +2626,7 @@ async def run_manager(
             # embedding program's cancel scope): shielded, so that the cancellation
             # cannot cut it short, and bounded by each step's own timeout.
             with anyio.CancelScope(shield=True):
-                how = CANCELLED if cancelled else "SIGINT or SIGTERM"
+                how = CANCELLED if cancelled else STOP_SIGNALS
                 await _stop_manager(system, plane, feed, listener, gateway, how)
                 if cancelled:
                     # As leaving the block normally does (then the cancellation goes
@@ -2793,7 +2804,7 @@ async def run_worker(
     connect_retry: float = 0.0,
     left: Callable[[str, str], None] | None = None,
 ) -> None:
-    """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, until
+    """Run a worker process until SIGINT/SIGTERM/SIGHUP, until the scheduler retires it, until
     the manager says it stops (:class:`ManagerStopping`: the worker leaves at once,
     without trying to rejoin, and returns; with a ``connect_retry``, it first tries for
     that long to rejoin a manager started again there, a planned restart, and returns
@@ -3221,7 +3232,7 @@ def leaving_words(cause: str, *, manager_stopped: bool, waited: float = 0.0) -> 
     its own stop, after trying for ``waited`` seconds (its ``--connect-retry``; 0: not
     at all) to rejoin a manager started again there."""
     if manager_stopped:
-        words = "its manager stopped on purpose (SIGINT or SIGTERM of the manager)"
+        words = f"its manager stopped on purpose ({STOP_SIGNALS} of the manager)"
         if waited > 0:
             words += f" and was not back within {waited:g} s (--connect-retry)"
         return words
@@ -3230,7 +3241,7 @@ def leaving_words(cause: str, *, manager_stopped: bool, waited: float = 0.0) -> 
         "in, or its pool's tasks_per_worker)",
         "walltime": "its walltime ends (--deadline)",
         "preempted": "stopped by a signal inside a Slurm job (preempted)",
-        "shutdown": "stopped by a signal (SIGINT or SIGTERM)",
+        "shutdown": f"stopped by a signal ({STOP_SIGNALS})",
     }.get(cause, cause)
 
 

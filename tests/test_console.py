@@ -1613,7 +1613,7 @@ def test_the_shell_leaves_at_the_prompt_when_the_manager_goes_away(tmp_path: Pat
         assert admin.ended() == 1
         assert [line for line in said.splitlines() if line.strip()] == [
             f"the connection to the manager closed: the manager at {address} "
-            "stopped on purpose (SIGINT or SIGTERM); leaving"
+            "stopped on purpose (SIGINT, SIGTERM or SIGHUP); leaving"
         ], said
 
 

@@ -240,8 +240,8 @@ async def test_a_worker_with_connect_retry_leaves_with_status_0_if_no_manager_co
         await run(cli.line_with, worker, "the manager stopped on purpose; trying to rejoin")
         line = await run(cli.line_with, worker, "worker by-hand left", 20)
         assert line.strip() == (
-            f"worker by-hand left {address}: its manager stopped on purpose (SIGINT or "
-            "SIGTERM of the manager) and was not back within 1 s (--connect-retry)"
+            f"worker by-hand left {address}: its manager stopped on purpose (SIGINT, "
+            "SIGTERM or SIGHUP of the manager) and was not back within 1 s (--connect-retry)"
         ), line
         assert await run(worker.wait, 10) == 0
         assert await run(manager.wait, 10) == 0
@@ -257,7 +257,9 @@ def test_manager_stopping_says_what_a_client_does_next_as_manager_lost_does() ->
     lost = str(ManagerLost(address, "the connection closed"))
     tail = lost.split("the connection closed. ", 1)[1]
     told = str(ManagerStopping(address, for_client=True))
-    assert told == f"the manager at {address} stopped on purpose (SIGINT or SIGTERM). {tail}"
+    assert (
+        told == f"the manager at {address} stopped on purpose (SIGINT, SIGTERM or SIGHUP). {tail}"
+    )
     assert "make a new Cluster" in tail, tail
     said = str(ManagerStopping(address))
-    assert said == f"the manager at {address} stopped on purpose (SIGINT or SIGTERM)"
+    assert said == f"the manager at {address} stopped on purpose (SIGINT, SIGTERM or SIGHUP)"

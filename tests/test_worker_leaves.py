@@ -41,14 +41,14 @@ def test_a_worker_says_why_it_leaves_at_the_default_log_level(cli: Cli) -> None:
     signalled.send_signal(signal.SIGTERM)
     assert signalled.wait(LIMIT) == 0
     line = cli.line_with(signalled, "worker signalled left")
-    assert line.strip().endswith(": stopped by a signal (SIGINT or SIGTERM)"), line
+    assert line.strip().endswith(": stopped by a signal (SIGINT, SIGTERM or SIGHUP)"), line
 
     manager.send_signal(signal.SIGTERM)
     assert manager.wait(LIMIT) == 0
     assert told.wait(LIMIT) == 0
     line = cli.line_with(told, "worker told left")
     assert line.strip().endswith(
-        ": its manager stopped on purpose (SIGINT or SIGTERM of the manager)"
+        ": its manager stopped on purpose (SIGINT, SIGTERM or SIGHUP of the manager)"
     ), line
 
 
@@ -58,7 +58,7 @@ def test_a_worker_says_why_it_leaves_at_the_default_log_level(cli: Cli) -> None:
         ("drained", False, "drained by its manager"),
         ("walltime", False, "its walltime ends (--deadline)"),
         ("preempted", False, "stopped by a signal inside a Slurm job (preempted)"),
-        ("shutdown", False, "stopped by a signal (SIGINT or SIGTERM)"),
+        ("shutdown", False, "stopped by a signal (SIGINT, SIGTERM or SIGHUP)"),
         ("shutdown", True, "its manager stopped on purpose"),
         ("preempted", True, "its manager stopped on purpose"),
     ],

@@ -1,0 +1,112 @@
+"""SIGHUP (the operator's terminal closing, ``kill -HUP``) stops a manager or a worker
+process as SIGTERM does: in order, with the ``stopping on signal`` line naming it and
+exit status 0. Before, Python's default action ended the manager at once (status 129)
+and its local pool's workers died with it, untold. Real processes on 127.0.0.1, ports
+57500-57999 only; every wait is bounded. A manager started under ``nohup`` keeps
+SIGHUP ignored, as ``nohup`` means it to."""
+
+from __future__ import annotations
+
+import ast
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from tests.helpers import Cli, free_port_between, http_get, wait_until
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 60
+run = anyio.to_thread.run_sync
+Proc = subprocess.Popen[str]
+
+CONFIG = """
+[pools.local]
+provider = "local"
+max_blocks = 1
+cores_per_worker = 1
+worker_port_range = "57900-57949"
+"""
+
+
+def _listen() -> tuple[str, str]:
+    return "--listen", f"127.0.0.1:{free_port_between(57500, 57899)}"
+
+
+async def test_sighup_stops_the_manager_in_order_and_its_local_workers_first(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text(CONFIG)
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        flags = (*_listen(), "--no-monitoring", "--config", str(config), "--log-level", "info")
+        manager = cli.start("manager", *flags)
+        started = await run(cli.line_with, manager, "block started")
+        pid = ast.literal_eval(started.split("pids=", 1)[1].strip())["local-1"]
+        await run(cli.line_with, manager, "worker local-1 joined")
+        manager.send_signal(signal.SIGHUP)
+        assert await run(manager.wait, 20) == 0  # not 129: Python's default action
+        said = await run(cli.rest, manager)
+        stopping = [x for x in said if "event='stopping on signal'" in x]
+        assert len(stopping) == 1 and "signal='SIGHUP'" in stopping[0], said
+        # In order: its worker told the scheduler it leaves, then its block ended with
+        # the worker's own exit, not a lost connection.
+        order = [
+            next(i for i, x in enumerate(said) if needle in x)
+            for needle in (
+                "event='stopping on signal'",
+                "event='worker left' actor='scheduler'",
+                "event='block ended'",
+            )
+        ]
+        assert order == sorted(order), said
+        ended = said[order[-1]]
+        assert "state='scaled-in'" in ended and "local-1 exit code 0" in ended, ended
+        assert not [x for x in said if "worker connection dropped" in x], said
+        await wait_until(lambda: not psutil.pid_exists(pid), "worker gone", limit=10)
+
+
+async def test_sighup_stops_a_worker_in_order(tmp_path: Path) -> None:
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager = cli.start("manager", *_listen(), "--no-monitoring", "--log-level", "info")
+        line = await run(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        port = free_port_between(57950, 57999)
+        flags = ("--name", "by-hand", "--port", str(port), "--log-level", "info")
+        worker = cli.start("worker", address, *flags)
+        # The line it prints once its signal handlers are in place (the log's
+        # event='joined' may come before them).
+        await run(cli.line_with, worker, f"worker by-hand joined {address}")
+        worker.send_signal(signal.SIGHUP)
+        said = await run(cli.rest, worker, 20)
+        assert worker.wait(5) == 0, said
+        assert [x for x in said if "stopping on signal" in x and "signal='SIGHUP'" in x], said
+        assert [x for x in said if "left" in x and "stopped by a signal (" in x], said
+        await run(cli.line_with, manager, "worker left")
+
+
+async def test_a_manager_started_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
+    """``nohup`` (SIGHUP ignored from the start) is how a manager started by hand
+    outlives its terminal: the manager leaves it ignored. A SIGHUP, then a request it
+    answers, then a SIGTERM: it stops on the SIGTERM."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        argv = [sys.executable, "-m", "runtime", "manager", *_listen(), "--no-monitoring"]
+        manager = cli.spawn(["nohup", *argv, "--log-level", "info"])
+        line = await run(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        manager.send_signal(signal.SIGHUP)
+        # Its answer to a request sent after the SIGHUP: had the signal been taken, its
+        # handler would have noted it before this, and ahead of the SIGTERM below.
+        token = cli.tokens(address)["read"]
+        url = address.replace("ws://", "http://") + "/metrics"
+        assert (await run(http_get, url, token))[0] == 200
+        manager.send_signal(signal.SIGTERM)
+        assert await run(manager.wait, 20) == 0
+        said = await run(cli.rest, manager)
+        stopping = [x for x in said if "stopping on signal" in x]
+        assert len(stopping) == 1 and "signal='SIGTERM'" in stopping[0], said
