@@ -2856,6 +2856,7 @@ async def run_worker(
     from transport import ConnectionClosed, connect, listen
 
     check_one_token(token, token_file)
+    _signal_warning(os.environ)  # a bad value stops it here, not as it leaves
     #: a token given as such, not read from a file (which may change: read at each try)
     fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
     given = token  #: --token (``token`` is the one presented from here on)
@@ -3321,14 +3322,31 @@ async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
 WALLTIME_MARGIN = 60.0
 
 
+#: seconds before its walltime that a Slurm block's script is signalled (its pool's
+#: ``signal_warning``), which the script exports for its workers
+SIGNAL_WARNING_ENV = "CORRAL_SIGNAL_WARNING"
+
+
 def _signal_warning(env: Mapping[str, str]) -> float:
     """Seconds before its walltime that a Slurm block's script is signalled (its pool's
-    ``signal_warning``, ``CORRAL_SIGNAL_WARNING``, which the script sets): 0 without."""
-    try:
-        seconds = float(env.get("CORRAL_SIGNAL_WARNING") or 0)
-    except ValueError:
+    ``signal_warning``, :data:`SIGNAL_WARNING_ENV`, which the script sets): 0 without.
+    A value that is not a number of seconds >= 0: a :class:`ValueError` saying so
+    (:func:`run_worker` checks it before it joins), as for the other variables."""
+    text = env.get(SIGNAL_WARNING_ENV, "").strip()
+    if not text:
         return 0.0
-    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(
+            f"{SIGNAL_WARNING_ENV}={text!r} is not a number of seconds >= 0 (how long "
+            "before its walltime Slurm signals the worker's job: its pool's "
+            "signal_warning, which the block's script sets): set it to one (such as 120), "
+            "or unset it for none"
+        )
+    return seconds
 
 
 def leaving_cause(

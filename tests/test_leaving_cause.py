@@ -47,9 +47,10 @@ def test_the_cause_of_leaving() -> None:
     assert leaving_cause(None, deadline - 300 - WALLTIME_MARGIN - 1, deadline, warned) == (
         "preempted"
     )
-    assert leaving_cause(None, 700.0, deadline, {**SLURM, "CORRAL_SIGNAL_WARNING": "x"}) == (
-        "preempted"
-    )
+    # A bad value is refused (before, "x" was silently 0: a walltime stop could read as
+    # a preemption); run_worker checks it before it joins (test_signal_warning_env).
+    with pytest.raises(ValueError, match="CORRAL_SIGNAL_WARNING='x' is not a number"):
+        leaving_cause(None, 700.0, deadline, {**SLURM, "CORRAL_SIGNAL_WARNING": "x"})
 
 
 @pytest.mark.anyio
