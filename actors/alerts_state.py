@@ -78,6 +78,7 @@ from runtime.messages import AlertInfo
 __all__ = [
     "AUDIT_ACTIONS",
     "DEFAULT_RULES",
+    "DUPLICATE_RULE",
     "MAX_EXPR_CHARS",
     "MAX_EXPR_COMPARES",
     "MAX_EXPR_NESTING",
@@ -900,6 +901,10 @@ def pool_warnings(rule: AlertRule, pools: Collection[str] | None) -> list[str]:
     return out
 
 
+#: the problem of a name two rules share
+DUPLICATE_RULE = "is used by two rules; give each its own"
+
+
 def parse_rules(
     raw: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
     names: MetricNames,
@@ -918,7 +923,7 @@ def parse_rules(
     seen: set[str] = set()
     for r in rules:
         if r.name in seen:
-            raise AlertConfigError(r.name, "name", "is used by two rules; give each its own")
+            raise AlertConfigError(r.name, "name", DUPLICATE_RULE)
         seen.add(r.name)
     return rules
 

@@ -411,14 +411,19 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
         source,
     )):  # fmt: skip
         return None
-    try:
-        return _checked(name, raw)
-    except PoolConfigError as err:
-        if source and not err.source:
-            refuse(PoolConfigError(err.pool, err.key, err.problem, source))
-        else:
-            refuse(err)
-        return None
+
+    def check(fields: Mapping[str, Any]) -> PoolConfig:
+        try:
+            return _checked(name, fields)
+        except PoolConfigError as err:
+            if source and not err.source:
+                raise PoolConfigError(err.pool, err.key, err.problem, source) from None
+            raise
+
+    # Each key's problem, kept in turn (a bad provider's pool is not checked further:
+    # its keys would be checked against the other provider's).
+    pool, refused = refuse.per_key(check, raw, lambda err: err.key, final=("provider",))
+    return None if refused else pool
 
 
 def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
@@ -566,8 +571,9 @@ def pools_from_dicts(
 ) -> dict[str, PoolConfig]:
     """Check ``{pool name: {key: value}}`` and return the pools by name, in order.
     Raises :class:`~runtime.errors.PoolConfigError` for the first problem; with a
-    ``refuse`` that keeps them, every unknown key of every pool (and each other pool's
-    first problem) is kept there and the pools without one are returned."""
+    ``refuse`` that keeps them, every unknown key of every pool, or else each of its
+    keys' problems (:meth:`~runtime.errors.Refusals.per_key`), is kept there and the
+    pools without one are returned."""
     refuse = refuse or Refusals()
     if isinstance(pools, list) and all(isinstance(p, Mapping) for p in pools):
         named = next((str(p["name"]) for p in pools if "name" in p), "NAME")

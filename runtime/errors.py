@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ActorCrashed",
@@ -2045,12 +2045,16 @@ def did_you_mean(
 __all__ += ["AlertConfigError", "did_you_mean"]
 
 
+_T = TypeVar("_T")
+
+
 class Refusals:
     """Where a configuration loader (:func:`actors.pools.read_config`,
     ``pools_from_dicts``, ``load_policies``, ``runtime.monitor.alerting_config``) puts
     what it refuses. By default (``keep=False``) the first refusal is raised, as a
     manager starting with the file does; with ``keep=True`` each is kept in ``errors``
-    and the loader goes on with the next key, table or section, so ``python -m runtime
+    and the loader goes on with the next key, table or section (a pool's and an alert
+    rule's keys, and ``[alerting]``'s, each: :meth:`per_key`), so ``python -m runtime
     check`` reports every one in one run. A refusal already kept (the same message: a
     file's unknown top-level key, which each section's loader sees) is kept once."""
 
@@ -2073,6 +2077,37 @@ class Refusals:
         for key in bad:
             self(error(key))
         return bool(bad)
+
+    def per_key(
+        self,
+        check: Callable[[Mapping[str, Any]], _T],
+        raw: Mapping[str, Any],
+        key_of: Callable[[Any], str],
+        *,
+        final: Sequence[str] = (),
+    ) -> tuple[_T | None, bool]:
+        """``check(raw)``, which raises a :class:`CorralError` naming a key
+        (``key_of(error)``, its first dotted part counts) for the first problem. Not
+        keeping refusals, that error is raised. Keeping them, the key it names is left
+        out (its default taken) and the rest checked again, so one run keeps every
+        key's problem, not only the first. Returns what ``check`` made of the keys left
+        (None when it gave up: a refused key not in ``raw``, or one of ``final``, whose
+        default would only bring up problems of its own) and whether anything was
+        refused."""
+        if not self.keep:
+            return check(raw), False
+        rest = dict(raw)
+        refused = False
+        while True:
+            try:
+                return check(rest), refused
+            except CorralError as err:
+                self(err)
+                refused = True
+                key = key_of(err).split(".", 1)[0]
+                if key not in rest or key in final:
+                    return None, True
+                del rest[key]
 
 
 __all__ += ["Refusals"]

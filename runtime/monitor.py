@@ -42,6 +42,7 @@ import anyio
 
 from actors.alerts_state import (
     DEFAULT_RULES,
+    DUPLICATE_RULE,
     AlertRule,
     AlertState,
     Audit,
@@ -168,14 +169,36 @@ def alerting_config(
     manager's ``--alertmanager`` flag, named ``flag`` in an error) overrides the
     table's; ``pools``: the cluster's pools, when known (a rule's scale-out of another
     pool is refused). Raises :class:`~runtime.errors.AlertConfigError` naming the key
-    and what is allowed; a ``refuse`` that keeps them keeps every unknown key of
-    ``settings`` instead (the rest is checked as without it)."""
+    and what is allowed; a ``refuse`` that keeps them keeps every problem instead (each
+    unknown key and each bad value of ``settings``, each rule's problems: see
+    :meth:`~runtime.errors.Refusals.per_key`), and the configuration returned leaves
+    out what it refused (its defaults taken, the refused rules left out)."""
+    refuse = refuse or Refusals()
     raw = dict(settings or {})
     keys = ", ".join(ALERTING_KEYS)
-    (refuse or Refusals()).unknown(raw, ALERTING_KEYS, lambda key: _problem(
+    refuse.unknown(raw, ALERTING_KEYS, lambda key: _problem(
         key, f"is unknown{did_you_mean(key, ALERTING_KEYS, '.', prefix='alerting.')} The "
         f"keys are: {keys}", source
     ))  # fmt: skip
+    checked, _ = refuse.per_key(
+        lambda fields: _settings(fields, alertmanager, source, flag),
+        raw,
+        lambda err: err.key.removeprefix("alerting."),
+    )
+    if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
+        raise AlertConfigError("", "", f"must be a list of tables, got {rules!r}")
+    return dataclasses.replace(
+        checked or _settings({}, None, source, flag),
+        rules=_rules(rules, pools, source, refuse),
+        pools=None if pools is None else tuple(pools),
+    )
+
+
+def _settings(
+    raw: Mapping[str, Any], alertmanager: str | None, source: str, flag: str
+) -> AlertingConfig:
+    """The ``[alerting]`` settings of :func:`alerting_config` (no rules yet): an
+    :class:`~runtime.errors.AlertConfigError` for the first bad value."""
     interval = raw.get("interval", 5.0)
     if (
         isinstance(interval, bool)
@@ -219,25 +242,56 @@ def alerting_config(
             f'{{cluster = "hpc-east"}}, got {external!r}',
             source,
         )
-    if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
-        raise AlertConfigError("", "", f"must be a list of tables, got {rules!r}")
-    try:
-        parse_rules(rules, SAMPLE_LABELS, pools=pools)  # every rule checked now, not at start
-    except AlertConfigError as err:
-        if source:
-            raise AlertConfigError(err.rule, err.key, err.problem, source, err.see) from None
-        raise
-    config = AlertingConfig(
-        rules=tuple(dict(r) for r in rules),
+    return AlertingConfig(
         default_rules=default_rules,
         interval=float(interval),
         alertmanager=url or None,
         dashboard_url=dashboard,
         resend=float(resend),
-        pools=None if pools is None else tuple(pools),
         external_labels=dict(external),
     )
-    return config
+
+
+def _rules(
+    rules: Sequence[Mapping[str, Any]], pools: Sequence[str] | None, source: str, refuse: Refusals
+) -> tuple[dict[str, Any], ...]:
+    """The ``[[alerts]]`` rules of :func:`alerting_config`, every one checked now, not
+    at start: the first problem raised, or, kept, each rule's problems (a rule with
+    one is left out) and each name two rules share."""
+
+    def sourced(err: AlertConfigError) -> AlertConfigError:
+        return AlertConfigError(err.rule, err.key, err.problem, source, err.see) if source else err
+
+    if not refuse.keep:
+        try:
+            parse_rules(rules, SAMPLE_LABELS, pools=pools)
+        except AlertConfigError as err:
+            raise sourced(err) from None
+        return tuple(dict(r) for r in rules)
+    kept: list[dict[str, Any]] = []
+    for position, rule in enumerate(rules, 1):
+
+        def check(fields: Mapping[str, Any], position: int = position) -> AlertRule:
+            try:
+                return parse_rule(fields, SAMPLE_LABELS, pools=pools, position=position)
+            except AlertConfigError as err:
+                raise sourced(err) from None
+
+        if not isinstance(rule, Mapping):
+            try:
+                check(rule)
+            except AlertConfigError as err:
+                refuse(err)
+            continue
+        # A rule without its name or expr is not checked further (its other keys' words
+        # need them).
+        _, refused = refuse.per_key(check, rule, lambda err: err.key, final=("", "name", "expr"))
+        if not refused:
+            kept.append(dict(rule))
+    names = [r.get("name") for r in rules if isinstance(r, Mapping)]
+    for name in dict.fromkeys(n for n in names if isinstance(n, str) and names.count(n) > 1):
+        refuse(sourced(AlertConfigError(name, "name", DUPLICATE_RULE)))
+    return tuple(r for r in kept if names.count(r.get("name")) == 1)
 
 
 def load_alerting(
