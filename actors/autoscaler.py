@@ -58,7 +58,13 @@ from actors.autoscaler_state import (
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.scaling import PoolLimits
-from runtime.errors import ActorStopped, AskTimeout, BatchSystemError, SubmissionsSuspended
+from runtime.errors import (
+    ActorStopped,
+    AskTimeout,
+    BatchSystemError,
+    SubmissionsSuspended,
+    did_you_mean,
+)
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AutoscalerStatus,
@@ -269,7 +275,8 @@ class Autoscaler(Actor):
         found = self.providers.get(pool)
         if found is None:
             raise ValueError(
-                f"there is no pool {pool!r}; the configured pools: {', '.join(self.providers)}"
+                f"there is no pool {pool!r}{did_you_mean(pool, self.providers, '.')} The "
+                f"configured pools: {', '.join(self.providers)}"
             )
         return found
 

@@ -69,7 +69,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from runtime.errors import MemoryConfigError, floor_warning
+from runtime.errors import MemoryConfigError, did_you_mean, floor_warning
 
 __all__ = [
     "MIN_LIMIT",
@@ -219,8 +219,10 @@ class MemoryConfig:
         options = dict(options or {})
         unknown = sorted(set(options) - set(cls.OPTIONS))
         if unknown:
+            hints = [did_you_mean(name, cls.OPTIONS).removeprefix("; ") for name in unknown]
+            named = [f"{n} ({h})" if h else n for n, h in zip(unknown, hints, strict=True)]
             raise MemoryConfigError(
-                f"unknown option(s) {', '.join(unknown)}; known: {', '.join(cls.OPTIONS)}"
+                f"unknown option(s) {', '.join(named)}; known: {', '.join(cls.OPTIONS)}"
             )
         return cls(limit, **options)
 

@@ -335,7 +335,10 @@ def _port_range_key(pool: str, value: object) -> tuple[int, int] | None:
 
 def _worker_texts(pool: str, provider: str, raw: Mapping[str, Any]) -> dict[str, str]:
     """Pool ``pool``'s ``worker_host``, ``execution`` and ``spill_dir``, checked ("" for
-    a key not given): each goes on the worker's command line as it is written."""
+    a key not given): each goes on the worker's command line as it is written, a
+    relative ``spill_dir`` made absolute (under this process's working directory: that
+    of a local pool's workers and, by default, of a Slurm pool's jobs too, which a
+    ``worker_init`` that changes directory would otherwise move it with)."""
     out = {}
     for key in ("worker_host", "execution", "spill_dir"):
         value = raw.get(key)
@@ -370,6 +373,8 @@ def _worker_texts(pool: str, provider: str, raw: Mapping[str, Any]) -> dict[str,
             f"is taken as written, with no shell expansion ('~', '$VAR'), got {spill_dir!r}: "
             "give the directory's path",
         )  # fmt: skip
+    if spill_dir:  # a relative one is the manager's working directory's, said as such
+        out["spill_dir"] = str(Path(spill_dir).absolute())
     return out
 
 
@@ -396,8 +401,9 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
     """The pool, or None when ``refuse`` kept what is wrong with it."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         refuse(PoolConfigError(
-            str(name), "name",
-            f"a pool name is letters, digits, '_', '.' and '-' (not first), got {name!r}",
+            str(name), "",
+            f"the pool's name (its table's, [pools.NAME]) must be letters, digits, '_', '.' "
+            f"and '-', starting with a letter or digit, got {name!r}",
             source,
         ))  # fmt: skip
         return None
@@ -487,6 +493,10 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         except WalltimeError as exc:
             raise PoolConfigError(name, key, exc.problem) from None
         except ValueError as exc:
+            if isinstance(value, int | float) and value < 0:  # a number, only not >= 0
+                raise PoolConfigError(
+                    name, key, f"must be >= 0 (seconds, or a Slurm time), got {value!r}"
+                ) from None
             raise PoolConfigError(name, key, str(exc)) from None
     if seconds["provisioning_timeout"] == 0:
         raise PoolConfigError(
@@ -516,7 +526,13 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             raise PoolConfigError(name, "fallback", "a pool cannot fall back to itself")
     exclusive = raw.get("exclusive", False)
     if not isinstance(exclusive, bool):
-        raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}")
+        meant = str(exclusive).strip().lower() if isinstance(exclusive, str) else ""
+        hint = (
+            f"; did you mean exclusive = {meant} (a boolean, not a string)?"
+            if meant in ("true", "false")
+            else ""
+        )
+        raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}{hint}")
     texts = {
         k: _text(name, k, raw.get(k, ""))
         for k in SLURM_KEYS

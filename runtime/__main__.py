@@ -375,8 +375,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         metavar="PATH",
         help="a TOML file of pools ([pools.NAME] tables: provider local or slurm, "
         "min/max/init blocks, block shape, ...; docs/configuration.md#pools): the "
-        "manager then starts and scales their workers itself; and of alert rules "
-        "([[alerts]] tables, [alerting] settings; docs/monitoring.md)",
+        "manager then starts and scales their workers itself; of alert rules "
+        "([[alerts]] tables, [alerting] settings; docs/monitoring.md); and of the "
+        "policies it starts with ([policies]: one key per kind; docs/configuration.md#policies)",
     )
     mgr.add_argument(
         "--alertmanager",

@@ -169,7 +169,10 @@ def test_get_data_requests_are_cut_by_size() -> None:
     ("flags", "message"),
     [
         (["--spill", "abc"], "--spill must be a fraction or 'off', got 'abc'"),
-        (["--memory-options", '{"thrtle": 1}'], "unknown option(s) thrtle; known: spill"),
+        (
+            ["--memory-options", '{"thrtle": 1}'],
+            "unknown option(s) thrtle (did you mean 'throttle'?); known: spill",
+        ),
         (["--memory-options", "[1]"], "--memory-options must be a JSON object"),
         (["--throttle", "0.99", "--terminate", "0.9"], "terminate must be above throttle"),
         (["--spill", "0.9", "--throttle", "0.7"], "spill (0.9) is above throttle (0.7)"),
