@@ -411,12 +411,11 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
         refuse(PoolConfigError(name, "", f"must be a table of settings, got {raw!r}", source))
         return None
     known = [*COMMON_KEYS, *LOCAL_KEYS, *SLURM_KEYS]
-    if refuse.unknown(raw, known, lambda key: PoolConfigError(
+    unknown = refuse.unknown(raw, known, lambda key: PoolConfigError(
         name, key,
         f"is unknown{did_you_mean(key, known, '.')} The keys are: {', '.join(known)}",
         source,
-    )):  # fmt: skip
-        return None
+    ))  # fmt: skip
 
     def check(fields: Mapping[str, Any]) -> PoolConfig:
         try:
@@ -426,10 +425,12 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
                 raise PoolConfigError(err.pool, err.key, err.problem, source) from None
             raise
 
-    # Each key's problem, kept in turn (a bad provider's pool is not checked further:
-    # its keys would be checked against the other provider's).
-    pool, refused = refuse.per_key(check, raw, lambda err: err.key, final=("provider",))
-    return None if refused else pool
+    # Kept (else the first unknown key raised): the known keys' problems too, each in
+    # turn (a bad provider's pool is not checked further: its keys would be checked
+    # against the other provider's).
+    fields = {k: v for k, v in raw.items() if k in known}
+    pool, refused = refuse.per_key(check, fields, lambda err: err.key, final=("provider",))
+    return None if refused or unknown else pool
 
 
 def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:

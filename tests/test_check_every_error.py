@@ -26,6 +26,7 @@ max_blocks = "2"
 cores_per_worker = 0
 walltime = "1h"
 max_idletime = 3
+idle = 3
 
 [pools.slurmy]
 provider = "slrum"
@@ -60,6 +61,7 @@ expr = "corral_queue_depth > 1"
 
 #: (pool or rule, key) of each problem of BAD, in the order found
 EXPECTED = [
+    ("cpu", "idle"),  # unknown: the others are checked still
     ("cpu", "max_blocks"),
     ("cpu", "walltime"),
     ("cpu", "cores_per_worker"),
@@ -102,7 +104,7 @@ def test_the_loaders_keep_every_bad_value(bad: Path) -> None:
 def test_a_manager_still_stops_at_the_first(bad: Path) -> None:
     with pytest.raises(PoolConfigError) as info:
         load_config(bad)
-    assert (info.value.pool, info.value.key) == ("cpu", "max_blocks")
+    assert (info.value.pool, info.value.key) == ("cpu", "idle")
     with pytest.raises(AlertConfigError) as alert:
         load_alerting(bad)
     assert alert.value.key == "alerting.resend"
