@@ -77,6 +77,7 @@ from runtime.messages import (
     ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
+    SettingsAt,
     StatusReply,
     StatusRequest,
     StoryQuery,
@@ -279,6 +280,8 @@ class Manager(Actor):
         #: departures and cancels that came after it, each waits for the one before
         #: (:meth:`_in_turn`), so they happen in the order they came
         self._turn: anyio.Event | None = None
+        #: the settings a manager process runs with (``SettingsAt``), for its status
+        self.settings: SettingsAt = SettingsAt(())
 
     # -- submissions -----------------------------------------------------------------
 
@@ -889,6 +892,10 @@ class Manager(Actor):
             raise RuntimeError("this cluster runs no alert monitor; its rules cannot change")
         return await monitor.ask(msg)
 
+    @handles(SettingsAt)
+    def settings_at(self, msg: SettingsAt) -> None:
+        self.settings = msg
+
     @handles(StatusRequest)
     async def status(self, msg: StatusRequest) -> StatusReply:
         sched = await self._scheduler().ask(msg)
@@ -901,6 +908,7 @@ class Manager(Actor):
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
             "process": process_figures(),
+            "config": self.settings.settings,
         }
         auto, busy = None, False
         autoscaler = self._autoscaler()

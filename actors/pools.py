@@ -25,24 +25,28 @@ allowed and, for a typo, the closest known name. Pure: no provider is built here
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.memory import limit_too_small
+from actors.memory import MemoryConfig, limit_too_small
 from actors.providers import DISK_OFF, BlockSpec
 from actors.slurm import SlurmOptions, parse_seconds, parse_walltime, scheduler_options_problem
 from policies import KINDS, PolicyRegistry
 from policies.scaling import PoolLimits
 from runtime.errors import (
     CorralError,
+    MemoryConfigError,
     PolicyConfigError,
     PolicyParamsError,
     PoolConfigError,
     Refusals,
+    SchedulerConfigError,
     UnknownPolicyError,
     WalltimeError,
     did_you_mean,
@@ -51,8 +55,10 @@ from runtime.errors import (
 __all__ = [
     "COMMON_KEYS",
     "LOCAL_KEYS",
+    "POOL_MEMORY_OPTIONS",
     "PORT_RANGE_FORM",
     "PROVIDERS",
+    "SCHEDULER_KEYS",
     "SLURM_KEYS",
     "WORKER_PROCESS_KEYS",
     "PoolConfig",
@@ -60,12 +66,14 @@ __all__ = [
     "ignored_settings",
     "load_config",
     "load_policies",
+    "load_scheduler",
     "local_workers",
     "parse_seconds",
     "pool_fallbacks",
     "pools_from_dicts",
     "port_range",
     "read_config",
+    "scheduler_settings",
 ]
 
 PROVIDERS = ("local", "slurm")
@@ -95,6 +103,9 @@ COMMON_KEYS: Mapping[str, Any] = {
     "grace": None,  # --grace, seconds (the worker's default: 5)
     "execution": None,  # --execution thread|process (the worker's default: thread)
     "spill_dir": None,  # --spill-dir (the worker's default: the system's temp directory)
+    # --memory-options: the workers' memory fences (spill, throttle, terminate, ...), a
+    # table of MemoryConfig's names (POOL_MEMORY_OPTIONS); None: the worker's defaults
+    "memory_options": None,
 }
 
 #: the keys of :data:`COMMON_KEYS` that set flags of a worker process: an embedded
@@ -191,6 +202,10 @@ class PoolConfig:
     grace: float | None = None
     execution: str = ""
     spill_dir: str = ""
+    #: the workers' memory settings (``--memory-options``: fences, deferrals,
+    #: ``disk_limit``), checked against :class:`~actors.memory.MemoryConfig`; empty:
+    #: the worker's defaults
+    memory_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def workers_per_block(self) -> int:
@@ -378,6 +393,73 @@ def _worker_texts(pool: str, provider: str, raw: Mapping[str, Any]) -> dict[str,
     return out
 
 
+#: the names a pool's ``memory_options`` table takes: those of the worker's
+#: ``--memory-options`` (:class:`~actors.memory.MemoryConfig`), less ``execution`` and
+#: ``spill_dir``, which are pool keys of their own
+POOL_MEMORY_OPTIONS = tuple(o for o in MemoryConfig.OPTIONS if o not in ("execution", "spill_dir"))
+
+
+def _closest_key(key: str, known: Sequence[str], raw: Mapping[str, Any]) -> str:
+    """The did-you-mean of an unknown pool key: a memory setting of the workers
+    (``spill``, ``throttle``, ..., or a misspelling closest to one) goes in
+    ``memory_options``; else the closest key."""
+    close = difflib.get_close_matches(key, [*known, *POOL_MEMORY_OPTIONS], n=1, cutoff=0.6)
+    if close and close[0] in POOL_MEMORY_OPTIONS and close[0] not in known:
+        return (
+            f"; did you mean memory_options = {{{close[0]} = {raw[key]!r}}} (the workers' "
+            "memory settings)?"
+        )
+    return did_you_mean(key, known, ".")
+
+
+def _memory_options_key(pool: str, value: object, memory: int) -> dict[str, Any]:
+    """Pool ``pool``'s ``memory_options``: the settings its workers get as
+    ``--memory-options``, checked as the worker checks them (its limit: the pool's
+    ``memory_per_worker``, else 1 GiB as the worker's check takes it); ``"off"`` turns
+    ``spill`` or ``terminate`` off (None, which TOML cannot write); ``disk_limit`` is
+    bytes or a size (``"10GiB"``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PoolConfigError(
+            pool, "memory_options",
+            "must be a table of the workers' memory settings, e.g. memory_options = "
+            f"{{spill = 0.5, throttle = 0.6, terminate = 0.9}}, got {value!r}",
+        )  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, given in value.items():
+        key = f"memory_options.{name}"
+        if name in ("execution", "spill_dir"):
+            raise PoolConfigError(
+                pool, key, f"is a pool key of its own: write {name} = {given!r} in the "
+                "pool's table, beside memory_options",
+            )  # fmt: skip
+        if name not in POOL_MEMORY_OPTIONS:
+            names = POOL_MEMORY_OPTIONS
+            raise PoolConfigError(
+                pool, key,
+                f"is unknown{did_you_mean(name, names, '.', prefix='memory_options.')} The "
+                f"names are: {', '.join(names)} (the worker's "
+                "--memory-options, docs/configuration.md#memory)",
+            )  # fmt: skip
+        if name in ("spill", "terminate") and given == "off":
+            out[name] = None
+        elif name == "disk_limit":
+            try:
+                out[name] = _bytes(given, "the worker's disk")
+            except ValueError as exc:
+                raise PoolConfigError(pool, key, f"must be {exc}, got {given!r}") from None
+        else:
+            out[name] = given
+    try:
+        MemoryConfig.of(memory or 1 << 30, out)
+    except MemoryConfigError as exc:
+        raise PoolConfigError(
+            pool, "memory_options", f"is refused: {getattr(exc, 'problem', exc)}"
+        ) from None
+    return out
+
+
 def _signal_warning(pool: str, value: object, walltime: float | None) -> int:
     """A Slurm pool's ``signal_warning``: whole seconds from 0 to 65535 (Slurm's
     ``--signal=B:TERM@N``), shorter than the walltime."""
@@ -413,7 +495,7 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
     known = [*COMMON_KEYS, *LOCAL_KEYS, *SLURM_KEYS]
     unknown = refuse.unknown(raw, known, lambda key: PoolConfigError(
         name, key,
-        f"is unknown{did_you_mean(key, known, '.')} The keys are: {', '.join(known)}",
+        f"is unknown{_closest_key(key, known, raw)} The keys are: {', '.join(known)}",
         source,
     ))  # fmt: skip
 
@@ -568,6 +650,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         grace=seconds["grace"],
         **_worker_texts(name, provider, raw),
         **texts,
+        memory_options=_memory_options_key(name, raw.get("memory_options"), memory),
     )
 
 
@@ -652,14 +735,15 @@ def pool_fallbacks(
 
 
 #: the top-level tables of a manager's configuration file
-SECTIONS = ("pools", "alerting", "alerts", "policies")
+SECTIONS = ("pools", "alerting", "alerts", "policies", "scheduler")
 
 
 def read_config(path: str | os.PathLike[str], refuse: Refusals | None = None) -> dict[str, Any]:
     """A manager's configuration file as TOML data: its tables ``[pools.<name>]``,
-    ``[alerting]``, ``[[alerts]]`` and ``[policies]`` (any other top-level key raises
-    :class:`~runtime.errors.PoolConfigError`, or each is kept by a ``refuse`` that keeps
-    them); checks nothing inside them. A file that cannot be read as TOML raises."""
+    ``[alerting]``, ``[[alerts]]``, ``[policies]`` and ``[scheduler]`` (any other
+    top-level key raises :class:`~runtime.errors.PoolConfigError`, or each is kept by a
+    ``refuse`` that keeps them); checks nothing inside them. A file that cannot be read
+    as TOML raises."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -676,7 +760,8 @@ def read_config(path: str | os.PathLike[str], refuse: Refusals | None = None) ->
     (refuse or Refusals()).unknown(data, SECTIONS, lambda key: PoolConfigError(
         "", key, f"is not a setting{did_you_mean(key, list(SECTIONS), '.')} Pools go "
         "under [pools.<name>], alert rules under [[alerts]], their settings under "
-        "[alerting], the policies to start with under [policies]", str(path)
+        "[alerting], the policies to start with under [policies], the scheduler's "
+        "settings under [scheduler]", str(path)
     ))  # fmt: skip
     return data
 
@@ -782,3 +867,110 @@ def load_config(
     if "pools" not in data and data:
         return {}
     return pools_from_dicts(data.get("pools", {}), source=str(path), refuse=refuse)
+
+
+# ----------------------------------------------------------------------------- [scheduler]
+
+#: what each key of a manager's ``[scheduler]`` table takes: the fields of
+#: :class:`~actors.scheduler_records.SchedulerConfig` an operator sets (the others are
+#: set by the manager itself: see :data:`_SCHEDULER_ELSEWHERE`)
+SCHEDULER_KEYS: Mapping[str, str] = {
+    "saturation": "a number > 0",
+    "backlog": "seconds >= 0",
+    "max_per_core": "a whole number >= 1",
+    "long_task": "seconds >= 0 (inf: none by its duration)",
+    "unknown_long": "true or false",
+    "unknown_duration": "seconds >= 0",
+    "takeback_after": "seconds >= 0 (inf: never)",
+    "unreachable_for": "seconds >= 0 (inf: never)",
+    "stall_timeout": "seconds > 0",
+    "drain_period": "seconds >= 0 (leave it out: computed per pool)",
+    "walltime_grace": "seconds >= 0",
+    "unknown_output": "bytes",
+    "prune_depth": "a whole number >= 0",
+    "checkpoint_bytes": "bytes",
+    "checkpoint_inline_bytes": "bytes",
+    "policy_budget": "seconds > 0 (inf: never)",
+    "policy_slow_turns": "a whole number >= 1",
+    "policy_slow_window": "seconds > 0 (inf: never)",
+    "policy_too_slow": "seconds > 0 (inf: never)",
+    "story_length": "a whole number >= 1",
+    "feed_length": "a whole number >= 1",
+}
+
+#: SchedulerConfig's fields the manager sets itself, and where to set them instead
+_SCHEDULER_ELSEWHERE = {
+    "monitor": "is set by the manager: on with its monitoring database (--monitoring, "
+    "the default), off with --no-monitoring",
+    "drain_periods": "is set per pool: drain_period in [pools.NAME]",
+    "tasks_per_worker": "is set per pool: tasks_per_worker in [pools.NAME]",
+}
+
+
+def _scheduler_value(key: str, value: object) -> object:
+    """``value`` of ``[scheduler]``'s ``key`` as SchedulerConfig takes it; ValueError
+    (what it must be, with the number meant when it was written as text) otherwise."""
+    what = SCHEDULER_KEYS[key]
+    if what == "true or false":
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"must be true or false, got {value!r}")
+    if what == "bytes":
+        try:
+            return _bytes(value, "none")
+        except ValueError as exc:
+            raise ValueError(f"must be {exc}, got {value!r}") from None
+    whole = what.startswith("a whole number")
+    least = 1 if ">= 1" in what else 0
+    positive = "> 0" in what
+    endless = "inf:" in what
+
+    def fits(n: float) -> bool:
+        return (n > 0 if positive else n >= least) and (endless or math.isfinite(n))
+
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (whole and not isinstance(value, int)) or not fits(float(value)):  # type: ignore[arg-type]
+        meant = _meant(key, value, fits, whole=whole)
+        raise ValueError(f"must be {what}, got {value!r}{meant}")
+    return value
+
+
+def scheduler_settings(
+    table: object, source: str = "", refuse: Refusals | None = None
+) -> dict[str, Any]:
+    """The settings of a ``[scheduler]`` table (``{key: value}``, only those given),
+    each checked: :class:`~runtime.errors.SchedulerConfigError` naming the key (with the
+    closest one for an unknown key) and the file; with a ``refuse`` that keeps them,
+    every refused key is kept there and the others returned."""
+    refuse = refuse or Refusals()
+    if not isinstance(table, Mapping):
+        refuse(SchedulerConfigError(
+            "", f"must be a table: [scheduler], one key per setting, got {table!r}", source
+        ))  # fmt: skip
+        return {}
+    known = list(SCHEDULER_KEYS)
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in _SCHEDULER_ELSEWHERE:
+            refuse(SchedulerConfigError(key, _SCHEDULER_ELSEWHERE[key], source))
+        elif key not in SCHEDULER_KEYS:
+            refuse(SchedulerConfigError(
+                str(key), f"is unknown{did_you_mean(key, known, '.')} The keys are: "
+                f"{', '.join(known)}", source,
+            ))  # fmt: skip
+        else:
+            try:
+                out[key] = _scheduler_value(key, value)
+            except ValueError as exc:
+                refuse(SchedulerConfigError(key, str(exc), source))
+    return out
+
+
+def load_scheduler(path: str | os.PathLike[str], refuse: Refusals | None = None) -> dict[str, Any]:
+    """The ``[scheduler]`` table of a manager's configuration file, checked
+    (:func:`scheduler_settings`): the :class:`~actors.scheduler_records.SchedulerConfig`
+    settings it gives (none without the table)."""
+    data = read_config(path, refuse)
+    if "scheduler" not in data:
+        return {}
+    return scheduler_settings(data["scheduler"], str(path), refuse)

@@ -376,8 +376,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="a TOML file of pools ([pools.NAME] tables: provider local or slurm, "
         "min/max/init blocks, block shape, ...; docs/configuration.md#pools): the "
         "manager then starts and scales their workers itself; of alert rules "
-        "([[alerts]] tables, [alerting] settings; docs/monitoring.md); and of the "
-        "policies it starts with ([policies]: one key per kind; docs/configuration.md#policies)",
+        "([[alerts]] tables, [alerting] settings; docs/monitoring.md); of the "
+        "policies it starts with ([policies]: one key per kind; docs/configuration.md#policies); "
+        "and of the scheduler's settings ([scheduler]; the flags below override it)",
     )
     mgr.add_argument(
         "--alertmanager",
@@ -388,29 +389,30 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     mgr.add_argument(
         "--prune-depth",
         type=int,
-        default=1,
+        default=None,  # 1, or [scheduler] prune_depth of --config
         metavar="N",
         help="drop an output from the workers once the tasks that read it are done (1, "
-        "the default), once their readers are done too (2), ...; 0 never "
+        "the default, or --config's [scheduler] prune_depth), once their readers are done "
+        "too (2), ...; 0 never "
         "(docs/files.md#pruning-depth)",
     )
     mgr.add_argument(
         "--long-task",
         type=float,
-        default=1.0,
+        default=None,  # 1, or [scheduler] long_task of --config
         metavar="SECONDS",
         help="a task expected to run this long or longer (its category's mean duration) "
-        "goes only to a worker with a core free of tasks (default: 1; inf: none by its "
-        "duration; docs/configuration.md#schedulerconfig)",
+        "goes only to a worker with a core free of tasks (default: 1, or --config's "
+        "[scheduler] long_task; inf: none by its duration; docs/configuration.md#scheduler)",
     )
     mgr.add_argument(
         "--unknown-long",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # on, or [scheduler] unknown_long of --config
         help="count a task of a category with no finished try as long, as above "
         "(default); --no-unknown-long counts it as short, so a worker takes up to "
         "saturation tasks per core of new categories (graphs of nearly one category per "
-        "task)",
+        "task); either wins over --config's [scheduler] unknown_long",
     )
     _policy_module_option(
         mgr, "before the manager starts, so that the policies it registers "
@@ -877,7 +879,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from actors.pools import load_config, load_policies
+    from actors.pools import load_config, load_policies, load_scheduler
     from policies import REGISTRY
     from runtime.monitor import alerting_config, load_alerting
     from runtime.node import (
@@ -914,6 +916,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     for module in args.policy_module:  # their policies.register calls run now
         _import_policy_module(module)
     pools = load_config(args.config) if args.config else None  # refused before it starts
+    scheduler = load_scheduler(args.config) if args.config else {}
     policies = None
     if args.config:  # its [policies], once the --policy-module ones are registered
         policies = load_policies(args.config, REGISTRY)
@@ -955,11 +958,54 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
             reconnect_timeout=args.reconnect_timeout, keep_tokens=args.keep_tokens,
-            on_gateway=gateways.append,
+            on_gateway=gateways.append, scheduler=scheduler, config_file=args.config,
+            sources=_manager_sources(args),
         ),
         backend="asyncio",
     )  # fmt: skip
     return 0
+
+
+#: the manager's flags of each setting its configuration shows (``manager.KEY``,
+#: ``scheduler.KEY``, ``alerting.KEY``), by its argparse name
+_MANAGER_FLAGS = {
+    "config": "manager.config", "listen": "manager.listen",
+    "token_file": "manager.token_file", "keep_tokens": "manager.keep_tokens",
+    "metrics_listen": "manager.metrics_listen", "worker_timeout": "manager.worker_timeout",
+    "client_timeout": "manager.client_timeout",
+    "reconnect_timeout": "manager.reconnect_timeout", "monitoring": "manager.monitoring",
+    "no_monitoring": "manager.monitoring", "monitoring_interval": "manager.monitoring_interval",
+    "monitoring_keep": "manager.monitoring_keep", "tls_cert": "manager.tls_cert",
+    "tls_key": "manager.tls_key", "tls_ca": "manager.tls_ca",
+    "prune_depth": "scheduler.prune_depth", "long_task": "scheduler.long_task",
+    "unknown_long": "scheduler.unknown_long", "alertmanager": "alerting.alertmanager",
+}  # fmt: skip
+
+
+def _manager_sources(args: argparse.Namespace) -> dict[str, str]:
+    """Where the manager's settings not at their default came from (the configuration
+    it logs and shows: ``runtime.settings``): ``flag --NAME`` for each flag whose value
+    is not its default, ``env NAME`` for a setting a variable gave (the token file's and
+    the monitoring database's directory, the TLS files)."""
+    from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
+    defaults = vars(build_parser(args.prog).parse_args(["manager"]))
+    out = {}
+    for name, setting in _MANAGER_FLAGS.items():
+        if getattr(args, name, None) != defaults.get(name):
+            negated = getattr(args, name) is False and name == "unknown_long"
+            out[setting] = f"flag --{'no-' if negated else ''}{name.replace('_', '-')}"
+    envs = {
+        "manager.token_file": ["CORRAL_HOME"],
+        "manager.monitoring": ["CORRAL_RUNS_DIR", "CORRAL_HOME"],
+        "manager.tls_cert": [TLS_CERT_ENV], "manager.tls_key": [TLS_KEY_ENV],
+        "manager.tls_ca": [TLS_CA_ENV],
+    }  # fmt: skip
+    for setting, names in envs.items():
+        variable = next((n for n in names if os.environ.get(n)), None)
+        if variable is not None and setting not in out:
+            out[setting] = f"env {variable}"
+    return out
 
 
 def _import_policy_module(spec: str) -> None:
@@ -1261,7 +1307,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from actors.pools import ignored_settings, load_config, load_policies
+    from actors.pools import ignored_settings, load_config, load_policies, load_scheduler
     from policies import REGISTRY
     from runtime.errors import AlertConfigError, PolicyConfigError, Refusals
     from runtime.monitor import load_alerting
@@ -1281,6 +1327,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise ValueError("--probe-timeout must be more than 0")
     refuse = Refusals(keep=True)  # every section's refusals, each reported: not the first
     pools = load_config(args.config, refuse)
+    load_scheduler(args.config, refuse)  # each refused [scheduler] key: a FAIL below
     results = []
     try:
         alerting = load_alerting(args.config, refuse=refuse)  # its alert rules and settings

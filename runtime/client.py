@@ -2126,10 +2126,17 @@ class Cluster:
                 plane, self.pools, listener.address, tokens, memory_options=self.memory_options
             )
         else:
-            make = worker_factory(plane.refs["scheduler"], memory_options=self.memory_options)
             providers = {
-                name: InProcessProvider(system, make, prefix=name, peers=plane.resolve)
-                for name in self.pools
+                name: InProcessProvider(
+                    system,
+                    worker_factory(  # a pool's own memory_options win over the cluster's
+                        plane.refs["scheduler"],
+                        memory_options={**self.memory_options, **pool.memory_options},
+                    ),
+                    prefix=name,
+                    peers=plane.resolve,
+                )
+                for name, pool in self.pools.items()
             }
             await start_autoscaler(plane, providers, pool_targets(self.pools))
         await self._finish_start(system, plane)

@@ -126,6 +126,16 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         "N: N of them; all: every one), stored outputs and policies",
         False,
     ),
+    "config": (
+        "config [SECTION]",
+        "the settings the manager runs with and where each came from (default, file, flag "
+        "--NAME, env NAME): its own (listen, --config file, timeouts, monitoring), the "
+        "scheduler's ([scheduler]), each pool's keys after the defaults with its workers' "
+        "memory fences (memory_options.*), the alerting and the policies it started with; "
+        "never a token. SECTION: only the sections it begins (manager, scheduler, pools, "
+        "pools.NAME, alerting, policies)",
+        False,
+    ),
     "tasks": (
         "tasks [--state STATE] [--category CATEGORY] [--client NAME] [--limit N] [--offset N]",
         "list tasks and the client that submitted each (default: the first 100; --limit 0 a "
@@ -642,6 +652,26 @@ class ConsoleClient:
             _usage("status")
         data = jsonable(await self.status(top))
         return Result("status", data, render_status(data))
+
+    async def _cmd_config(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) > 1:
+            _usage("config")
+        data = dict((await self.status(categories=1)).get("config") or {})
+        if not data:
+            raise ConsoleError(
+                "this cluster says no configuration: an embedded cluster (Cluster() in a "
+                "program) has none to show, only a manager process does"
+            )
+        if words:
+            every = data
+            data = {s: keys for s, keys in every.items() if s == words[0] or
+                    s.startswith(words[0] + ".")}  # fmt: skip
+            if not data:
+                raise ConsoleError(
+                    f"config: no section {words[0]!r}; the sections: {', '.join(every)}"
+                )
+        return Result("config", data, render_config(data))
 
     async def _cmd_tasks(self, rest: str) -> Result:
         parser = _Parser("tasks")
@@ -1400,6 +1430,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         parts.append(_policy_errors(auto, "scaling policy errors: {} (see story -)", "pool "))
     for warning in st.get("warnings") or ():
         parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    if st.get("config"):
+        parts.append(Text(config_line(st["config"])))
     proc = st.get("process")
     if isinstance(proc, Mapping) and proc.get("pid"):
         fds = int(proc.get("fds", -1))
@@ -1617,6 +1649,30 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def render_config(config: Mapping[str, Mapping[str, Mapping[str, str]]]) -> RenderableType:
+    """The settings a manager runs with (``status()["config"]``): a row per setting,
+    with its section, its value and where it came from."""
+    t = Table(title="configuration", title_justify="left")
+    for col in ("section", "key", "value", "from"):
+        t.add_column(col, overflow="fold")
+    for section, keys in config.items():
+        for key, setting in keys.items():
+            _row(t, section, key, str(setting.get("value")), str(setting.get("source")))
+    return t
+
+
+def config_line(config: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
+    """The status's line of the configuration: its file and how many settings are not
+    at their default (the ``config`` command shows them)."""
+    rows = [s for keys in config.values() for s in keys.values()]
+    changed = sum(1 for s in rows if s.get("source") != "default")
+    file = config.get("manager", {}).get("config", {}).get("value", "none")
+    return (
+        f"configuration: file {file}; {changed} of {len(rows)} settings not at their "
+        "default (`config` shows them all, and where each came from)"
+    )
+
+
 def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     """Per kind: the policy in use, the parameters it was given (blank: its defaults),
     and each available policy on a line of its own with its parameters' defaults (what
@@ -1642,8 +1698,8 @@ def render_help() -> RenderableType:
         parts.append(Padding(Text(what), (0, 0, 0, 4), expand=False))
     parts.append(
         Text(
-            "\nAdd --json to any command for JSON. The read-only token allows status, tasks, "
-            "story, policy list, alert list and alert watch."
+            "\nAdd --json to any command for JSON. The read-only token allows status, config, "
+            "tasks, story, policy list, alert list and alert watch."
         )
     )
     return Group(*parts)
@@ -1830,6 +1886,8 @@ class ConsoleShell(cmd.Cmd):
             return list(COMMANDS) if not args else []
         if name == "status":
             return ["all"] if args and args[-1] == "--categories" else ["--categories", "--json"]
+        if name == "config":
+            return ["manager", "scheduler", "pools", "alerting", "policies"] if not args else []
         if name == "tasks":
             if args and args[-1] == "--state":
                 return list(STATES)

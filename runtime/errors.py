@@ -1977,26 +1977,47 @@ def _refused(where: str, source: str, key: str, problem: str, see: str) -> str:
 __all__ += ["PoolConfigError"]
 
 
-class PolicyConfigError(CorralError, ValueError):
-    """The ``[policies]`` table of a manager's configuration file was refused before
-    anything started: ``key`` (a kind, or ``kind.parameter``) and what is wrong with it
-    (an unknown kind or policy, bad parameters: the registry's own words).
-    ``source`` is the file."""
+class TableConfigError(CorralError, ValueError):
+    """A table of a manager's configuration file (``[policies]``, ``[scheduler]``: its
+    subclasses) was refused before anything started: ``key`` and what is wrong with it
+    (``problem``). ``source`` is the file. The message names the table, the file and
+    the key, and points to the table's section of docs/configuration.md."""
 
+    #: the table's name, which is also its section's anchor in docs/configuration.md
+    table = ""
     key: str
     problem: str
     source: str
 
     def __init__(self, key: str, problem: str, source: str = "") -> None:
+        see = f"docs/configuration.md#{self.table}"
         super().__init__(
-            _refused("[policies]", source, key, problem, "docs/configuration.md#policies"),
+            _refused(f"[{self.table}]", source, key, problem, see),
             key=key,
             problem=problem,
             source=source,
         )
 
 
-__all__ += ["PolicyConfigError"]
+class PolicyConfigError(TableConfigError):
+    """The ``[policies]`` table of a manager's configuration file was refused before
+    anything started: ``key`` (a kind, or ``kind.parameter``) and what is wrong with it
+    (an unknown kind or policy, bad parameters: the registry's own words).
+    ``source`` is the file."""
+
+    table = "policies"
+
+
+class SchedulerConfigError(TableConfigError):
+    """The ``[scheduler]`` table of a manager's configuration file was refused before
+    anything started: ``key`` and what is wrong with it (an unknown key, with the
+    closest one; a value of the wrong type or out of range, with what is allowed).
+    ``source`` is the file."""
+
+    table = "scheduler"
+
+
+__all__ += ["PolicyConfigError", "SchedulerConfigError", "TableConfigError"]
 
 
 class AlertConfigError(CorralError, ValueError):

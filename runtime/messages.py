@@ -1443,6 +1443,38 @@ PLACEMENT_STALL_REASONS = ("paused", "draining", "throttled", "full", "resources
 
 
 @message()
+class ConfigSetting(Message):
+    """One setting of a manager process as it runs (``status()["config"]``, the
+    console's ``config``): its ``section`` (``manager``, ``scheduler``,
+    ``pools.NAME``, ``alerting``, ``policies``), its ``key``, its ``value`` as text
+    (as a TOML file writes it, sizes in bytes; ``none``: not set) and where it came
+    from: ``default``, ``file`` (the ``--config`` file), ``flag --NAME`` or ``env
+    NAME``. Never a token (docs/configuration.md#the-configuration-in-force)."""
+
+    section: str
+    key: str
+    value: str
+    source: str = "default"
+
+
+def config_dict(settings: tuple[ConfigSetting, ...]) -> dict[str, dict[str, dict[str, str]]]:
+    """``status()["config"]``: the settings by section and key, each ``{"value",
+    "source"}``, in the order the manager gave them."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for s in settings:
+        out.setdefault(s.section, {})[s.key] = {"value": s.value, "source": s.source}
+    return out
+
+
+@message(local=True)
+class SettingsAt(Message):
+    """-> manager: the settings its process runs with, once it listens (the rows of
+    ``status()["config"]``)."""
+
+    settings: tuple[ConfigSetting, ...]
+
+
+@message()
 class StatusReply(Message):
     """The cluster's status, the manager's answer to :class:`StatusRequest`: typed
     records only, so it crosses processes without a pickle. ``to_dict()`` gives the
@@ -1529,6 +1561,8 @@ class StatusReply(Message):
     #: what the scheduler warns of now, as texts (the workers of one machine that
     #: together claim more memory than it has: docs/memory.md#workers-sharing-a-machine)
     warnings: tuple[str, ...] = ()
+    #: the settings a manager process runs with (empty: an embedded cluster)
+    config: tuple[ConfigSetting, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The status as the documented dict: each field by name, the nested records
@@ -1550,6 +1584,7 @@ class StatusReply(Message):
         )  # fmt: skip
         for name in lists:
             out[name] = list(out[name])
+        out["config"] = config_dict(self.config)
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:
             out["autoscaler"] = {

@@ -60,8 +60,10 @@ from actors.pools import (
     ignored_settings,
     load_config,
     load_policies,
+    load_scheduler,
     local_workers,
     pool_fallbacks,
+    scheduler_settings,
 )
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
@@ -121,6 +123,7 @@ from runtime.messages import (
     RunTasks,
     ScaleRequest,
     SetPolicyRequest,
+    SettingsAt,
     StatusRequest,
     StoryQuery,
     StoryRequest,
@@ -342,6 +345,7 @@ async def start_control_plane(
     pools: Mapping[str, PoolConfig] | None = None,
     fixed: tuple[str, PoolShape, str] | None = None,
     closed: str = "",
+    settings: Mapping[str, Any] | None = None,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
@@ -363,7 +367,9 @@ async def start_control_plane(
     is set (``"Cluster(...)"``): checked the same, and a task naming another pool that
     no worker has joined is told to its client. ``closed``: who runs this cluster
     (``"runtime.get"``) when no worker but its own can ever join it: a task naming
-    another pool is refused at submit (``Manager.closed``).
+    another pool is refused at submit (``Manager.closed``). ``settings``: more
+    :class:`~actors.scheduler_records.SchedulerConfig` settings by name (a manager's
+    ``[scheduler]`` table with its flags), over the arguments above.
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -374,10 +380,12 @@ async def start_control_plane(
         check_fallback("retry", *policies["retry"], pools)
     scaling = policies.pop("scaling", None)
     shapes = pool_shapes(pools or {}) if pools or fixed is None else {fixed[0]: fixed[1]}
+    fields = {
+        "saturation": saturation, "stall_timeout": stall_timeout, "prune_depth": prune_depth,
+        "long_task": long_task, "unknown_long": unknown_long, **(settings or {}),
+    }  # fmt: skip
     config = SchedulerConfig(
-        saturation=saturation, stall_timeout=stall_timeout,
-        drain_periods=pool_drain_periods(pools or {}), prune_depth=prune_depth,
-        long_task=long_task, unknown_long=unknown_long,
+        **fields, drain_periods=pool_drain_periods(pools or {}),
         tasks_per_worker=pool_tasks_per_worker(pools or {}),
         monitor=monitor_feed or monitoring is not None,
         pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
@@ -785,7 +793,8 @@ def pool_worker_argv(
     """A worker of ``pool`` joining ``address``: its cores, memory, pool and, for a
     local pool with a walltime, its deadline (a Slurm job's is its batch system's), and
     the flags of the pool's worker keys (:meth:`~actors.pools.PoolConfig.worker_flags`:
-    ``--host``, ``--port-range``, ``--grace``, ``--execution``, ``--spill-dir``). A
+    ``--host``, ``--port-range``, ``--grace``, ``--execution``, ``--spill-dir``), and
+    ``--memory-options``: ``memory_options`` with the pool's own over it. A
     Slurm worker listens on its node's address (``{host}``, which the batch script
     expands) unless the pool's ``worker_host`` says otherwise, so its peers on other
     nodes reach it. Without ``memory_per_worker``, it
@@ -797,8 +806,9 @@ def pool_worker_argv(
     deadline = None
     if pool.provider == "local" and pool.walltime is not None:
         deadline = time.time() + pool.walltime
+    options = {**(memory_options or {}), **pool.memory_options}  # the pool's own win
     argv = worker_argv(
-        address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
+        address, pool.cores_per_worker, pool.memory_per_worker, pool.name, options,
         deadline, disk=pool.disk_per_worker, share=share,
     )  # fmt: skip
     if pool.provider == "slurm" and not pool.worker_host:
@@ -2423,12 +2433,15 @@ async def run_manager(
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
     monitoring_keep: float | None = None,
-    prune_depth: int = 1,
-    long_task: float = 1.0,
-    unknown_long: bool = True,
+    prune_depth: int | None = None,
+    long_task: float | None = None,
+    unknown_long: bool | None = None,
     worker_timeout: float = DEAD_AFTER,
     client_timeout: float | None = None,
     keep_tokens: bool = False,
+    scheduler: Mapping[str, Any] | None = None,
+    sources: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
 ) -> None:
     """Run a manager process until SIGINT, SIGTERM or SIGHUP: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address). Cancelled
@@ -2466,18 +2479,45 @@ async def run_manager(
     ``alertmanager``: an Alertmanager's base URL to send them to. Each alert's
     ``dashboard`` link is the manager's own page unless the configuration gives one.
 
-    ``prune_depth``: how far downstream an output's readers must be done before it is
-    dropped (docs/files.md#pruning-depth). ``long_task``, ``unknown_long``: which tasks
-    go only to a worker with a core free of tasks
-    (:class:`~actors.scheduler_records.SchedulerConfig`).
+    ``scheduler``: :class:`~actors.scheduler_records.SchedulerConfig` settings by name,
+    the keys of a ``[scheduler]`` table (checked as one:
+    :class:`~runtime.errors.SchedulerConfigError`), over those of a ``config`` file's
+    ``[scheduler]``; ``prune_depth`` (how far downstream an output's readers must be
+    done before it is dropped, docs/files.md#pruning-depth), ``long_task`` and
+    ``unknown_long`` (which tasks go only to a worker with a core free of tasks), when
+    given (the command line's flags), over both.
+
+    As it listens it logs the settings it runs with at info (``configuration``) and
+    answers them in ``status()["config"]`` (:func:`runtime.settings.manager_settings`):
+    ``sources`` says where those not at their default came from, by ``section.key``
+    (``{"scheduler.long_task": "flag --long-task"}``; a ``config`` file's settings are
+    ``file`` without it); ``config_file``: the file ``config`` was read from when it is
+    given as pools (shown, and its settings marked ``file``).
 
     ``keep_tokens`` (``--keep-tokens``): take up the tokens of its token file
     (``token_file``, else the one of ``listen``, which then needs a fixed port) when
     there is one (:meth:`Tokens.kept`; docs/security.md#keeping-tokens-across-restarts),
     instead of making new ones, so that workers, clients and Prometheus holding copies
     of them are not locked out by a restart."""
-    # PruneDepthError, LongTaskError before anything starts
-    SchedulerConfig(prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long)
+    from runtime.settings import file_sources
+
+    given = {"prune_depth": prune_depth, "long_task": long_task, "unknown_long": unknown_long}
+    # the [scheduler] table, then the flags; SchedulerConfigError, PruneDepthError,
+    # LongTaskError before anything starts
+    path = config_file
+    settings: dict[str, Any] = {}
+    if config is not None and not isinstance(config, Mapping):
+        path, settings = config, load_scheduler(config)
+    settings.update(scheduler_settings(scheduler or {}))
+    settings.update({k: v for k, v in given.items() if v is not None})
+    SchedulerConfig(**settings)
+    sources = {
+        **file_sources(path),
+        **{f"scheduler.{k}": "argument" for k, v in given.items() if v is not None},
+        **({"manager.config": "argument"} if path is not None else {}),
+        **({"alerting.alertmanager": "argument"} if alertmanager is not None else {}),
+        **(sources or {}),
+    }
     worker_timeout = check_worker_timeout(worker_timeout)
     reconnect_timeout = check_reconnect_timeout(reconnect_timeout)
     if client_timeout is not None:
@@ -2529,8 +2569,7 @@ async def run_manager(
         # The monitoring database is created once the listeners are up (below): a
         # manager that cannot listen leaves no empty run behind.
         plane = await start_control_plane(
-            system, policies=policies, alerting=alerting,
-            prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long,
+            system, policies=policies, alerting=alerting, settings=settings,
             dashboard=websockets, monitor_feed=monitoring is not None,
             pools=pools,
         )  # fmt: skip
@@ -2585,10 +2624,10 @@ async def run_manager(
             for n in ams:  # and say which manager's they are (before the first evaluation)
                 n.instance = urlsplit(_http_url(listener.address)).netloc
             plane.refs["monitor"].post(DashboardAt(_http_url(listener.address) + "/"))
-        path = keep_at or token_file or token_path(listener.address)
+        path_written = keep_at or token_file or token_path(listener.address)
         if websockets:
-            tokens.write(path)
-            gateway.token_file = str(path.absolute())
+            tokens.write(path_written)
+            gateway.token_file = str(path_written.absolute())
         if pools:
             await start_pools(plane, pools, listener.address, tokens)
 
@@ -2601,10 +2640,27 @@ async def run_manager(
             return await anyio.to_thread.run_sync(give_up_all, abandon_on_cancel=True)
 
         await system.start_service(_until_signalled, on_signal, give_up)
+        _settings_said(
+            plane, pools, policies or {}, alerting, sources,
+            [
+                ("config", str(path) if path is not None else None),
+                ("listen", listener.address),
+                ("token_file", str(path_written) if websockets else None),
+                ("keep_tokens", keep_tokens),
+                ("metrics_listen", metrics_listen),
+                ("worker_timeout", worker_timeout),
+                ("client_timeout", gateway.client_dead_after),
+                ("reconnect_timeout", reconnect_timeout),
+                ("monitoring", str(monitoring) if monitoring is not None else "off"),
+                ("monitoring_interval", monitoring_interval),
+                ("monitoring_keep", monitoring_keep),
+                *_tls_settings(address),
+            ],
+        )  # fmt: skip
         _log.info(  # the command line prints it on stdout (with the token file)
             "manager listening",
             address=listener.address,
-            token_file=str(path) if websockets else "-",
+            token_file=str(path_written) if websockets else "-",
         )
         cleartext = cleartext_warning(listener.address)
         if cleartext is not None:
@@ -2633,6 +2689,40 @@ async def run_manager(
                     # on): every actor stopped in order, the monitoring database's
                     # recorder writing out its rows and the run's end.
                     await system.shutdown()
+
+
+def _settings_said(
+    plane: ControlPlane,
+    pools: Mapping[str, PoolConfig],
+    policies: Mapping[str, tuple[str, dict[str, Any]]],
+    alerting: AlertingConfig | None,
+    sources: Mapping[str, str],
+    manager: Sequence[tuple[str, object]],
+) -> None:
+    """Log the settings the manager runs with (one ``configuration`` line, at info) and
+    give them to its manager actor for ``status()["config"]``: the scheduler's as its
+    core holds them, the pools', the alerting and the policies it started with."""
+    from runtime.settings import manager_settings, setting_fields
+
+    rows = manager_settings(
+        manager=manager, pools=pools, scheduler=plane.scheduler.state.config,
+        alerting=alerting, policies=policies, sources=sources,
+    )  # fmt: skip
+    _log.info("configuration", **setting_fields(rows))
+    plane.manager.post(SettingsAt(rows))
+
+
+def _tls_settings(address: str) -> list[tuple[str, object]]:
+    """A ``wss://`` manager's certificate files (paths, never their contents)."""
+    if not address.startswith("wss://"):
+        return []
+    from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
+    return [
+        (name, os.environ.get(env) or None)
+        for name, env in (("tls_cert", TLS_CERT_ENV), ("tls_key", TLS_KEY_ENV),
+                          ("tls_ca", TLS_CA_ENV))
+    ]  # fmt: skip
 
 
 async def _stop_manager(

@@ -1663,7 +1663,7 @@ def test_console_help_lists_every_command_of_the_shells_help(capsys: Any) -> Non
     text = " ".join(capsys.readouterr().out.split())
     listed = text.split("Commands: ", 1)[1].split(".", 1)[0].split(", ")
     assert listed == [
-        "status", "tasks", "story", "policy list", "policy set", "drain", "undrain",
+        "status", "config", "tasks", "story", "policy list", "policy set", "drain", "undrain",
         "forget", "scale", "resume", "alert list", "alert watch", "alert add",
         "alert remove", "cancel", "help", "quit",
     ]  # fmt: skip
