@@ -8,7 +8,9 @@ the client actor that receives key updates, futures, and ``get`` for
 Errors: a task that raises makes its future raise the original exception (with its
 traceback); a future whose dependency failed raises :class:`DependencyFailed` whose
 ``__cause__`` is the original exception. ``compute`` and ``get`` raise the original
-exception of the first failed task, as dask's own schedulers do.
+exception of the first failed task, as dask's own schedulers do. A task's exception
+that is not an ``Exception`` (``sys.exit()``'s ``SystemExit``, ``KeyboardInterrupt``)
+is raised as a :class:`TaskExited` whose ``__cause__`` it is, not as itself.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from runtime.errors import (
     ManagerStopping,
     PermissionDenied,
     TaskArgumentsTooLarge,
+    TaskExited,
     UnknownPolicyError,
     WorkersTimeout,
     memory_sizes,
@@ -1244,8 +1247,11 @@ def released_error(key: Key, what: str) -> CorralError:
 
 
 def _error_of(upd: Any) -> BaseException:
+    """What a future of ``upd``'s key raises: a task's ``SystemExit`` or
+    ``KeyboardInterrupt`` (any ``BaseException`` not an ``Exception``) as a
+    :class:`~runtime.errors.TaskExited`, not as itself, which would end the caller."""
     if isinstance(upd, KeyErred):
-        return upd.error
+        return TaskExited.of(upd.error, upd.key)
     if isinstance(upd, KeyCancelled):
         from runtime.errors import CancelledError
 
@@ -2721,7 +2727,7 @@ class Cluster:
                 err = _error_of(upd)
                 unwrapped = False
                 if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
-                    err, unwrapped = err.__cause__, True
+                    err, unwrapped = TaskExited.of(err.__cause__, upd.root), True
                 # Not on Corral's own errors (WorkerLost, ManagerLost...): they were not
                 # raised by the task, name their key in their fields, and some are one
                 # object shared by many keys.

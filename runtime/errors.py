@@ -64,6 +64,7 @@ __all__ = [
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
     "TaskErrorTooLarge",
+    "TaskExited",
     "TaskLongerThanWalltime",
     "TaskNotLoadable",
     "TaskOutOfMemory",
@@ -738,6 +739,61 @@ class TaskProcessDied(CorralError):
             pid=pid,
             exitcode=exitcode,
         )
+
+
+class TaskExited(CorralError):
+    """Task ``key`` raised a ``BaseException`` that is not an ``Exception``: it called
+    ``sys.exit()`` (``SystemExit``), or raised ``KeyboardInterrupt``, ``GeneratorExit``
+    or a ``BaseException`` subclass of its own. Raised as itself in the program that
+    waits for the task it would end that program (``except Exception`` lets it through;
+    a ``KeyboardInterrupt`` looks like the user's Ctrl-C), so the caller gets this error
+    instead, with that exception as its ``__cause__``. The worker took it as the task's
+    failure and goes on. ``kind``: its type, qualified (``SystemExit``); ``code``: the
+    exit status ``sys.exit`` was given (None for other types); ``text``: its message."""
+
+    def __init__(self, key: Hashable, kind: str, code: Any = None, text: str = "") -> None:
+        if kind == "SystemExit":
+            what = f"called sys.exit({'' if code is None else repr(code)}) (SystemExit)"
+        elif kind == "KeyboardInterrupt":
+            what = "raised KeyboardInterrupt (the task's own, not a Ctrl-C of this program)"
+        else:
+            said = f": {text}" if text else ""
+            what = f"raised {kind}{said}, a BaseException that is not an Exception"
+        super().__init__(
+            f"task {key!r} {what}. It failed, and this error stands for that exception, "
+            "which raised as itself would end the program waiting for the task "
+            "(`except Exception` does not catch it); the worker and the other tasks go "
+            "on. To fail a task, raise an Exception; to end it early, return a value. "
+            "The original exception is this error's __cause__.",
+            key=key,
+            kind=kind,
+            code=code,
+            text=text,
+        )
+
+    @classmethod
+    def of(cls, error: BaseException, key: Hashable) -> BaseException:
+        """``error``, task ``key``'s exception, as its caller raises it: itself if it is
+        an ``Exception``, else a :class:`TaskExited` whose ``__cause__`` it is."""
+        if isinstance(error, Exception):
+            return error
+        kind = type(error).__qualname__
+        if type(error).__module__ != "builtins":
+            kind = f"{type(error).__module__}.{kind}"
+        code = None
+        if isinstance(error, SystemExit):
+            code, args = error.code, error.args
+            if code is None and args:  # ``code`` may not cross processes; its args do
+                code = args[0] if len(args) == 1 else args
+        if not isinstance(code, int | str | None):
+            code = repr(code)  # (what sys.exit was given need not pickle)
+        try:
+            text = "" if isinstance(error, SystemExit) else str(error)
+        except Exception:  # a hostile __str__
+            text = ""
+        exited = cls(key, kind, code, text[:500])
+        exited.__cause__ = error
+        return exited
 
 
 class TaskTimeout(CorralError):
