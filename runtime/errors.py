@@ -780,7 +780,7 @@ class TaskExited(CorralError):
         kind = type(error).__qualname__
         if type(error).__module__ != "builtins":
             kind = f"{type(error).__module__}.{kind}"
-        code = None
+        code: Any = None
         if isinstance(error, SystemExit):
             code, args = error.code, error.args
             if code is None and args:  # ``code`` may not cross processes; its args do
