@@ -192,8 +192,9 @@ def _import_all(names: Iterable[str]) -> None:
 
 
 def _port(port: object, processes: object) -> int:
-    """``Cluster(port=...)`` checked: a port number for worker processes to join on."""
-    if not processes:
+    """``Cluster(port=...)`` checked: a port number for worker processes to join on
+    (``processes=0`` too: the processes ``scale(n)`` starts join there)."""
+    if processes is None or processes is False:
         raise ValueError(
             f"port={port!r} is the port worker processes join the cluster on (127.0.0.1): "
             "give it with processes=N (or pools= with processes=True); in-process workers "
@@ -289,13 +290,14 @@ def _no_workers_news(
     said: _Said,
     manager: str,
     failing: Mapping[str, str] | None = None,
+    start: str = "start workers, or replacements of those that died",
 ) -> _Said:
     """Log a WARNING for each pending ``CorralNoWorkers`` alert of ``alerts`` not in
     ``said`` (a pool with ready tasks and no worker, not for 2 minutes yet); return the
     ones pending now, said (what the next look compares with: one line per episode).
     ``failing``: per pool whose scaling policy fails now, what its hint says instead of
     "start workers" (:func:`_scaling_failing`; an alert of any pool, ``*``, names every
-    one)."""
+    one); ``start``: what starts workers (for an embedded cluster, its ``scale``)."""
     now = time.time()
     pending = set()
     for alert in alerts:
@@ -316,9 +318,8 @@ def _no_workers_news(
             seconds=round(since),
             hint="; ".join(why) + ". The CorralNoWorkers alert fires after 2 min"
             if why
-            else "they wait for a worker to join (start workers, or replacements of "
-            "those that died); the CorralNoWorkers alert fires after 2 min. To bound "
-            "the wait, wrap the run in anyio.fail_after(SECONDS)",
+            else f"they wait for a worker to join ({start}); the CorralNoWorkers alert "
+            "fires after 2 min. To bound the wait, wrap the run in anyio.fail_after(SECONDS)",
         )
     return pending
 
@@ -1472,8 +1473,9 @@ class Cluster:
     workers were throttled for memory :data:`THROTTLE_HINT_AFTER` seconds (30) or more
     meanwhile (:func:`_throttle_news`), and once per worker that ran past its memory
     limit with its tasks in threads (:func:`_past_limit_news`). ``None``: it does not
-    look. An embedded
-    cluster's alert monitor logs them in this process anyway.
+    look. An embedded cluster's alert monitor logs them in this process anyway; an
+    embedded cluster looks every ``manager_alerts`` seconds for ready tasks with no
+    worker alone (``workers=0`` before a ``scale(n)``), and says so the same way.
 
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
     workers once the tasks that read it are done (1, the default), or once their own
@@ -1835,7 +1837,7 @@ class Cluster:
 
     async def _log_manager_alerts(
         self,
-        manager: _RemoteManager,
+        manager: _RemoteManager | ActorRef[Manager],
         every: float,
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -1845,8 +1847,20 @@ class Cluster:
         ``every`` seconds while connected; at the first look, only those firing. But
         ready tasks with no worker to run them (``CorralNoWorkers`` pending: every
         worker died, none joined) is news at once: a run that waits for a worker says
-        so within a look, not after the alert's 2 minutes (:func:`_no_workers_news`)."""
+        so within a look, not after the alert's 2 minutes (:func:`_no_workers_news`).
+        An embedded cluster's own manager (an ActorRef) is looked at for that alone: its
+        alert monitor logs the alerts in this process, and its workers are this
+        cluster's to start (``scale``)."""
         from runtime.notify import AlertChanges, LogNotifier
+
+        remote = isinstance(manager, _RemoteManager)
+        where = str(self.address) if remote else "this process"
+        start = (
+            "start workers, or replacements of those that died"
+            if remote
+            else "this cluster has none there: `await cluster.scale(n)` starts n"
+            + (", `scale(n, pool=...)` in a pool" if self.pools else "")
+        )
 
         changes = AlertChanges()
         log = LogNotifier(_log.bind(manager=self.address))
@@ -1861,18 +1875,19 @@ class Cluster:
             except (CorralError, TimeoutError) as exc:  # a busy manager: look again later
                 _log.debug("could not read the manager's alerts", error=str(exc))
             else:
-                for alert in changes.news(reply.alerts, first=first):
+                for alert in changes.news(reply.alerts, first=first) if remote else ():
                     log.notify(alert)
                 failing: dict[str, str] = {}
                 if _no_workers_new(reply.alerts, said):  # is a scaling policy the cause?
                     failing = _scaling_failing(await self._autoscaler_status(manager, every))
-                said = _no_workers_news(reply.alerts, said, str(self.address), failing)
+                said = _no_workers_news(reply.alerts, said, where, failing, start)
                 first = False
-            await self._look_at_throttling(manager, every)
+            if isinstance(manager, _RemoteManager):  # (an embedded cluster: not this)
+                await self._look_at_throttling(manager, every)
             await anyio.sleep(every)
 
     async def _autoscaler_status(
-        self, manager: _RemoteManager, every: float
+        self, manager: _RemoteManager | ActorRef[Manager], every: float
     ) -> AutoscalerStatus | None:
         """The manager's autoscaler status (None: it has none, or did not answer: a
         failed look is skipped, as the alerts' are)."""
@@ -2155,6 +2170,10 @@ class Cluster:
         await plane.manager.tell(ClientCame(self.client_id))  # as a gateway's clients are
         self._refs = plane.refs
         self._plane = plane  #: for tests: its provider, say
+        if self.manager_alerts is not None:  # ready tasks and no worker: said, as to a
+            await system.start_service(  # client of a manager process
+                self._log_manager_alerts, plane.manager, self.manager_alerts
+            )
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
