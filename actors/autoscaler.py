@@ -725,6 +725,8 @@ class Autoscaler(Actor):
                 raise ValueError(f"there is no pool {msg.pool!r} to scale out for a while")
             await self._handle(TargetRaised(now, msg.pool, msg.n, now + msg.hold))
             return self.state.counts()
+        if ps is None:  # no pool is configured (else provider_for refused it): a new one
+            self._new_pool(msg.pool)
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
         events: list[Event] = []
         if ps is not None and msg.n < self.state.counts().get(msg.pool, 0):
@@ -736,6 +738,21 @@ class Autoscaler(Actor):
         target = TargetSet(self.clock.now(), msg.pool, msg.n, spec, idle_only=idle_only)
         await self._handle(*events, target)
         return self.state.counts()
+
+    def _new_pool(self, pool: str) -> None:
+        """``scale(n, pool)`` names a pool this autoscaler, which configures none, has
+        not had: it makes it (documented: tasks of that pool get workers so), and says
+        so, with the pools there are, so that a misspelt name does not cost workers
+        unseen."""
+        known = sorted(self.state.pools)
+        self.log.warning(
+            "scale makes a new pool",
+            pool=pool,
+            pools=", ".join(known) or "none",
+            hint=f"no pool is configured, so scale(n, pool={pool!r}) starts workers in a "
+            f"new pool of that name, which only tasks given pool={pool!r} use"
+            f"{did_you_mean(pool, known, '.')} scale(0, pool={pool!r}) stops them",
+        )
 
     @handles(PolicyQuery)
     def policy(self, msg: PolicyQuery) -> PolicyInfo:

@@ -2955,8 +2955,9 @@ class Cluster:
     async def wait_for_workers(self, n: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Wait until ``n`` workers have registered with the scheduler;
         :class:`~runtime.errors.WorkersTimeout` (a ``TimeoutError``) after ``timeout``
-        seconds, saying how many did."""
+        seconds, saying how many did. ``ValueError`` for ``n`` not a whole number >= 0."""
         self._require()
+        _whole("wait_for_workers(n): n, the number of workers to wait for,", n, 0)
         try:
             with anyio.fail_after(timeout):
                 await self._manager.ask(WaitForWorkersRequest(n), timeout=None)
