@@ -1304,12 +1304,10 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
 
     from actors.pools import ignored_settings, load_config, load_policies, load_scheduler
     from policies import REGISTRY
-    from runtime.errors import AlertConfigError, PolicyConfigError, Refusals
+    from runtime.errors import AlertConfigError, PolicyConfigError, PoolConfigError, Refusals
     from runtime.monitor import load_alerting
     from runtime.node import pool_policies
     from runtime.preflight import (
@@ -1317,16 +1315,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
         WARN,
         CheckResult,
         check_policies,
-        exit_code,
         refused,
-        render,
         run_checks,
     )
 
     if args.probe_timeout <= 0:
         raise ValueError("--probe-timeout must be more than 0")
     refuse = Refusals(keep=True)  # every section's refusals, each reported: not the first
-    pools = load_config(args.config, refuse)
+    try:
+        pools = load_config(args.config, refuse)
+    except PoolConfigError as exc:  # the file itself: not TOML, not UTF-8, not readable
+        if exc.pool or exc.key:
+            raise
+        # no section of it to check; the directories the flags name still are
+        return _check_said(args, refused([exc], args.config) + run_checks({}, **_check_dirs(args)))
     load_scheduler(args.config, refuse)  # each refused [scheduler] key: a FAIL below
     results = []
     try:
@@ -1358,11 +1360,29 @@ def _cmd_check(args: argparse.Namespace) -> int:
         pools,
         probe=not args.no_probe,
         probe_timeout=args.probe_timeout,
-        run_dir=Path(args.run_dir) if args.run_dir else None,
-        spill_dir=Path(args.spill_dir) if args.spill_dir else None,
-        output_dirs=[Path(d) for d in args.output_dir],
         progress=progress,
+        **_check_dirs(args),
     )
+    return _check_said(args, results)
+
+
+def _check_dirs(args: argparse.Namespace) -> dict[str, Any]:
+    """The directories ``check``'s flags name, as ``run_checks`` takes them."""
+    from pathlib import Path
+
+    return {
+        "run_dir": Path(args.run_dir) if args.run_dir else None,
+        "spill_dir": Path(args.spill_dir) if args.spill_dir else None,
+        "output_dirs": [Path(d) for d in args.output_dir],
+    }
+
+
+def _check_said(args: argparse.Namespace, results: list[Any]) -> int:
+    """``check``'s results printed (a table and its summary, or ``--json``); its exit code."""
+    import json
+
+    from runtime.preflight import exit_code, render
+
     code = exit_code(results)
     if args.json:
         print(json.dumps({"ok": code == 0, "results": [r.as_dict() for r in results]}, indent=2))
