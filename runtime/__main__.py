@@ -1131,6 +1131,25 @@ def _check_deadline(deadline: float, now: float) -> None:
     )
 
 
+def _check_worker_name(name: str | None) -> None:
+    """``worker --name``: None (the default id) or 1 to ``MAX_NAME`` characters, not all
+    blank, as the manager takes a worker's ``Hello`` (refused here, before it connects)."""
+    from runtime.node import MAX_NAME
+
+    if name is None:
+        return
+    if not name.strip():
+        raise ValueError(
+            f"--name must name the worker, got {name!r}; leave it out for the default id "
+            "($CORRAL_WORKER_ID, else the address it listens on)"
+        )
+    if len(name) > MAX_NAME:
+        raise ValueError(
+            f"--name must be at most {MAX_NAME} characters (the manager refuses a longer "
+            f"worker id), got {len(name)}: {name[:40]!r}..."
+        )
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from runtime.errors import MemoryConfigError, PermissionDenied
 
@@ -1158,6 +1177,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     if not args.pool.strip():
         raise ValueError("--pool must name a pool, got ''; leave it out for the default pool")
+    _check_worker_name(args.name)
     if not args.grace >= 0:  # NaN too
         raise ValueError(
             f"--grace must be >= 0 (the seconds between a stop signal and being killed), "
@@ -1444,6 +1464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "version": _cmd_version,
     }
     try:
+        from runtime.log import json_lines
+
+        json_lines()  # a bad CORRAL_LOG_JSON: said as other bad values are, before it runs
         return commands[args.command or ("version" if args.version else "demo")](args)
     except KeyboardInterrupt:
         # The second Ctrl-C while an embedded cluster's monitoring database caught up

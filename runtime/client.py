@@ -90,7 +90,7 @@ from runtime.graph import (
     unpicklable_error,
 )
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
-from runtime.log import get_logger
+from runtime.log import get_logger, json_lines
 from runtime.messages import (
     AlertInfo,
     AlertsReply,
@@ -1633,6 +1633,7 @@ class Cluster:
             from runtime.remote import task_error_limit
 
             task_error_limit()  # a bad CORRAL_MAX_TASK_ERROR_BYTES
+        json_lines()  # a bad CORRAL_LOG_JSON (read by this process and its workers)
         if stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.stall_timeout = stall_timeout

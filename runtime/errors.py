@@ -31,6 +31,7 @@ __all__ = [
     "ConnectionClosed",
     "ConsoleError",
     "CorralError",
+    "CorralHomeError",
     "CycleError",
     "DaskOnlyArgument",
     "DependencyFailed",
@@ -1867,6 +1868,29 @@ class WorkerCoreFailed(CorralError):
             "elsewhere. Please report it with that traceback; a new worker may be started",
             worker=worker,
         )
+
+
+class CorralHomeError(CorralError, NotADirectoryError):
+    """Corral's directory of the user's (``$CORRAL_HOME``, else ``~/.corral``: the token
+    files, run directories, console history) is not a directory and cannot be made one:
+    ``path`` is a file, or lies under one (``blocker``). ``variable``: whether
+    ``CORRAL_HOME`` named it. Also a ``NotADirectoryError`` (an ``OSError``), what
+    making a directory there raised before."""
+
+    def __init__(self, path: str, blocker: str, variable: bool) -> None:
+        what = "is a file" if blocker == path else f"is under {blocker}, which is a file"
+        who = f"CORRAL_HOME={path!r}" if variable else f"Corral's directory {path}"
+        fix = (
+            "Set CORRAL_HOME to a directory (one that does not exist yet is made), or unset "
+            "it for ~/.corral"
+            if variable
+            else "Move that file away, or set CORRAL_HOME to a directory"
+        )
+        text = (
+            f"{who} {what}, not a directory: Corral keeps its token files, run directories "
+            f"and console history there. {fix}"
+        )
+        super().__init__(text, path=path, blocker=blocker, variable=variable)
 
 
 class TokenFileError(CorralError, ValueError):

@@ -11,12 +11,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runtime.errors import CorralHomeError
+
 __all__ = ["corral_home", "private_dir"]
 
 
 def corral_home() -> Path:
-    """``$CORRAL_HOME`` if set (and not empty), else ``~/.corral``."""
-    return Path(os.environ.get("CORRAL_HOME") or Path.home() / ".corral")
+    """``$CORRAL_HOME`` if set (and not empty), else ``~/.corral``;
+    :class:`~runtime.errors.CorralHomeError` if it is a file or under one (it could not
+    be made a directory), naming the variable and what to set."""
+    given = os.environ.get("CORRAL_HOME")
+    home = Path(given or Path.home() / ".corral")
+    for path in (home, *home.parents):  # the nearest that exists must be a directory
+        if path.is_dir():
+            break
+        if path.exists():
+            raise CorralHomeError(str(home), str(path), bool(given))
+    return home
 
 
 def private_dir(directory: Path) -> None:

@@ -16,13 +16,35 @@ from typing import Any
 import orjson
 import structlog
 
-__all__ = ["JSON_LINES_ENV", "LEVELS", "configure", "get_logger", "level_name", "relayed"]
+__all__ = [
+    "JSON_LINES_ENV",
+    "LEVELS",
+    "configure",
+    "get_logger",
+    "json_lines",
+    "level_name",
+    "relayed",
+]
 
 #: set to "1" in a child process's environment by a parent that relays the child's
 #: output into its own log (actors/processes.py): the child then writes each record as
 #: one JSON object per line, which :func:`relayed` reads back, so the parent logs the
 #: child's event and fields as its own, not the child's whole line quoted in an event
 JSON_LINES_ENV = "CORRAL_LOG_JSON"
+
+
+def json_lines() -> bool:
+    """Whether :data:`JSON_LINES_ENV` asks for JSON lines: ``1`` yes; unset or empty
+    no; any other value a :class:`ValueError` saying what it takes (checked by the
+    command line and ``Cluster()``, as the other ``CORRAL_*`` values are: read as
+    this module loads, a wrong one would otherwise be key=value lines unsaid)."""
+    text = os.environ.get(JSON_LINES_ENV, "")
+    if text not in ("", "1"):
+        raise ValueError(
+            f"{JSON_LINES_ENV}={text!r} is not 1: set it to 1 for log records as JSON lines, "
+            "or unset it for key=value lines"
+        )
+    return text == "1"
 
 
 def _render_json(_: Any, __: str, event_dict: dict[str, Any]) -> str:
