@@ -175,7 +175,7 @@ def _pool_rows(pool: PoolConfig) -> list[tuple[str, object]]:
             value = None
         if key == "worker_port_range" and value is not None:
             value = "{}-{}".format(*value)
-        elif key == "worker_init":
+        elif key == "worker_init" and value is not None:  # (None: a pool without one)
             value = masked_shell(value)
         rows.append((key, value))
     return rows

@@ -260,6 +260,18 @@ def test_the_rows_say_each_setting_after_the_defaults_and_where_it_came_from(
     assert fields["manager"]["worker_timeout"] == "10"
 
 
+def test_a_slurm_pool_without_worker_init_has_a_row_of_none() -> None:
+    # (a manager with such a pool stopped at start: masked_shell(None), CI's Slurm tests)
+    pools = pools_from_dicts({"hpc": {"provider": "slurm", "max_blocks": 2}})
+    rows = manager_settings(
+        manager=[], pools=pools, scheduler=SchedulerConfig(), alerting=None, policies={},
+        sources={},
+    )  # fmt: skip
+    by = {(r.section, r.key): (r.value, r.source) for r in rows}
+    assert by[("pools.hpc", "worker_init")][1] == "default"
+    assert by[("pools.hpc", "max_blocks")] == ("2", "default")
+
+
 def test_the_console_shows_the_rows_and_the_status_says_how_many_are_set() -> None:
     config = {
         "manager": {"config": {"value": "c.toml", "source": "flag --config"}},

@@ -45,7 +45,10 @@ async def test_scale_refuses_a_pool_that_is_not_configured_with_the_closest_name
         async with Cluster(pools={"cpu": {"max_blocks": 1}, "gpu": {"max_blocks": 1}}) as c:
             with pytest.raises(ValueError) as info:
                 await c.scale(1, pool="cpus")
-            assert "there is no pool 'cpus'; the configured pools: cpu, gpu" in str(info.value)
+            assert (
+                "there is no pool 'cpus'; did you mean 'cpu'? The configured pools: cpu, gpu"
+                in str(info.value)
+            )
             assert "did you mean 'cpu'?" in str(info.value)
 
 
