@@ -5,7 +5,8 @@ for large ones, while it goes on with other messages; a task asking for more tha
 worker of its configured pool has (or, with no pool configured, than an embedded
 cluster's workers have) is refused: ``runtime.graph.check_pool_fit``; one naming a pool
 that is not configured and that no worker has joined is taken, and its client is told so
-in the answer, unless no other worker can ever join: ``runtime.get``'s cluster) and cuts
+in the answer, unless no other worker can ever join: ``runtime.get``'s cluster; so is one
+of no pool that no configured pool's worker nor any connected worker could run) and cuts
 them into the pieces the scheduler takes them in by, owns runs and the keys clients
 want, forwards key updates to the clients that want them, gathers results from the
 workers holding them, and routes commands (cancel, release, policy changes, status) to
@@ -43,10 +44,12 @@ from runtime.graph import (
     PoolShape,
     SpecPiece,
     TaskSpec,
+    Unplaced,
     build_specs,
     check_pool_fit,
     in_pieces,
     reject_collection,
+    unplaced_words,
 )
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
@@ -180,6 +183,8 @@ class _Graph(NamedTuple):
     unconfigured: tuple[str, ...] = ()
     #: what the client is told of the graph (annotations dask's optimization changed)
     notes: tuple[str, ...] = ()
+    #: its first task of no pool that no configured pool's worker could run
+    unplaced: Unplaced | None = None
 
 
 @message(local=True)
@@ -330,11 +335,14 @@ class Manager(Actor):
         )
         # a task no worker of its configured pool could run: refused; the pools named
         # that are not configured: the client is told of those no worker has joined
-        unconfigured = check_pool_fit(specs.values(), self.pools, self.sizing)
-        if unconfigured and self.closed:
-            raise self._never_served(unconfigured[0])
+        # (a task of no pool that no configured pool's worker could run: the client is
+        # told, once no connected worker has enough either)
+        fit = check_pool_fit(specs.values(), self.pools, self.sizing)
+        if fit.unconfigured and self.closed:
+            raise self._never_served(fit.unconfigured[0])
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
-        return _Graph(specs, in_pieces(specs, msg.keys), run_keys, unconfigured, tuple(notes))
+        pieces = in_pieces(specs, msg.keys)
+        return _Graph(specs, pieces, run_keys, fit.unconfigured, tuple(notes), fit.unplaced)
 
     @handles(_Built)
     def built(self, msg: _Built) -> SubmitReply | Later:
@@ -372,23 +380,30 @@ class Manager(Actor):
             echo.append(key)
         echoed = tuple(echo)
         told = tuple((pool, self.not_configured(pool)) for pool in graph.unconfigured)
-        request = SubmitSpecs(run, graph.pieces, tuple(wanted), told, echoed, msg.client)
-        if not told:
+        unplaced = graph.unplaced
+        asks = unplaced.asks if unplaced is not None else ()
+        request = SubmitSpecs(run, graph.pieces, tuple(wanted), told, echoed, msg.client, asks)
+        if not told and unplaced is None:
             self._scheduler().post(request)
             return SubmitReply(run, graph.notes, echoed)
         # A pool that is not configured: a worker may have joined it by hand (--pool),
-        # which the scheduler knows. It answers which no worker has joined as it gets
-        # the specs (not once they are taken in), in order with what comes next.
+        # which the scheduler knows; so may a worker with more than a configured pool's
+        # (for a task of no pool too big for those). It answers which pools no worker
+        # has joined and whether a worker has enough as it gets the specs (not once
+        # they are taken in), in order with what comes next.
         answer = self._scheduler().post_ask(request, timeout=None)
 
         async def warnings() -> SubmitReply:
-            empty = await answer
-            return SubmitReply(run, graph.notes + tuple(
+            empty, short = await answer
+            said = tuple(
                 f"tasks of this submission ask for {why}: they wait until a worker joins "
                 f"with --pool {pool}"
                 for pool, why in told
                 if pool in empty
-            ), echoed)  # fmt: skip
+            )
+            if unplaced is not None and short:
+                said += (unplaced_words(unplaced, short),)
+            return SubmitReply(run, graph.notes + said, echoed)
 
         return Later(warnings())
 

@@ -500,12 +500,14 @@ class Scheduler(Actor):
     # -- handlers --------------------------------------------------------------------
 
     @handles(SubmitSpecs)
-    def submit(self, msg: SubmitSpecs) -> tuple[str, ...]:
+    def submit(self, msg: SubmitSpecs) -> tuple[tuple[str, ...], str]:
         """Take in a graph: its pieces (``runtime.graph.in_pieces``, made by the
         manager off the event loop) one per message handled, behind the graphs still
         being taken in. The answer (to a manager that asks: its submission names pools
-        that are not configured) comes at once: those of ``msg.unconfigured`` that no
-        worker has joined."""
+        that are not configured, or has a task of no pool no configured pool's worker
+        could run) comes at once: those of ``msg.unconfigured`` that no worker has
+        joined, and, for ``msg.unplaced``, "" when a connected worker has enough, else
+        what the connected workers have (``SchedulerState.short_workers``)."""
         stimulus = current_causal_id()
         wanted = frozenset(msg.wanted)
         unconfigured = msg.unconfigured
@@ -523,11 +525,12 @@ class Scheduler(Actor):
             )  # fmt: skip
 
         empty = tuple(self.state.pools_without_worker(pool for pool, _ in unconfigured))
+        short = self.state.short_workers(msg.unplaced) if msg.unplaced else ""
         idle = not self._intake
         self._intake.extend(_Turn(piece(p, i), stimulus) for i, p in enumerate(msg.specs))
         if idle:
             self._take_in()
-        return empty
+        return empty, short
 
     @handles(_Intake)
     async def intake(self, msg: _Intake) -> None:

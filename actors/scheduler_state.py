@@ -900,6 +900,28 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         joined = {ws.pool for ws in self.workers.values()}
         return [pool for pool in pools if pool not in joined]
 
+    def short_workers(self, asks: Iterable[tuple[str, float]]) -> str:
+        """ "": a worker connected now that takes new tasks (not draining) has at least
+        each of ``asks`` (``(resource, amount)``, cores and memory; a memory limit of 0
+        is none); else what they have, in words (none connected: says so)."""
+        asks = tuple(asks)
+        most: dict[str, float] = {}
+        for ws in self.workers.values():
+            if ws.draining:
+                continue
+            values = {"cores": float(ws.cores), "memory": float(ws.memory) or NO_LIMIT}
+            if all(values[r] >= a for r, a in asks):
+                return ""
+            for r, _ in asks:
+                most[r] = max(most.get(r, 0.0), values[r])
+        if not most:
+            return "no worker that takes tasks is connected"
+        has = " and ".join(
+            f"{v:g} core{'' if v == 1 else 's'}" if r == "cores" else f"{int(v):,} B of memory"
+            for r, v in most.items()
+        )
+        return f"no worker connected has enough (at most {has})"
+
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         """Transitions of ``keys``: ``(key, start, finish, stimulus_id, now)``."""
         wanted = set(keys)

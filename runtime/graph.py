@@ -47,11 +47,14 @@ from dask.utils import apply, format_bytes, key_split
 from runtime.errors import CycleError, GraphError, MissingKeysError, ShuffleMethodError
 
 __all__ = [
+    "ANY_POOL_RESOURCES",
     "INTAKE_PIECE",
     "Key",
+    "PoolFit",
     "PoolShape",
     "SpecPiece",
     "TaskSpec",
+    "Unplaced",
     "build_specs",
     "category_of",
     "check_graph_keys",
@@ -70,6 +73,7 @@ __all__ = [
     "reject_collection",
     "short_repr",
     "unpicklable_error",
+    "unplaced_words",
 ]
 
 #: A task key: a string or a tuple of a string and indices, as in dask (:func:`is_key`).
@@ -1027,9 +1031,36 @@ def _dependency_order(ordered: list[TaskSpec], pos: Mapping[Key, int]) -> list[T
 PoolShape = Mapping[str, tuple[float, str]]
 
 
+#: The resources a worker of no pool in particular is checked for, at submit, by a task of
+#: no pool (:class:`PoolFit`): the scheduler's own wait words say the same two.
+ANY_POOL_RESOURCES = ("cores", "memory")
+
+
+class Unplaced(NamedTuple):
+    """The first task of no pool (``key``) asking for more (``asks``: resource ->
+    amount, of :data:`ANY_POOL_RESOURCES`) than every worker of every configured pool
+    has by its configuration (``has``: pool -> ``(resource, amount, setting)`` of the
+    first resource it is short of); ``tasks``: how many tasks of the submission do so."""
+
+    key: Key
+    asks: tuple[tuple[str, float], ...]
+    has: tuple[tuple[str, tuple[str, float, str]], ...]
+    tasks: int
+
+
+class PoolFit(NamedTuple):
+    """What :func:`check_pool_fit` found, short of a refusal. ``unconfigured``: the
+    pools the tasks name that are not configured, in the order first named.
+    ``unplaced``: the first task of no pool no configured pool's worker could run (None:
+    none); a worker joined by hand may have enough, so it is not refused."""
+
+    unconfigured: tuple[str, ...]
+    unplaced: Unplaced | None = None
+
+
 def check_pool_fit(
     specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape], where: str = ""
-) -> tuple[str, ...]:
+) -> PoolFit:
     """Refuse a submission one of whose tasks names a configured pool (one of
     ``shapes``) and asks for more of a resource than every worker of that pool has by
     its configuration: no worker of it could ever run the task, which would wait
@@ -1043,18 +1074,35 @@ def check_pool_fit(
     (``"Cluster(...)"``), and a task of no pool runs in it, so is checked too. One
     pass over the tasks.
 
-    Returns the pools the tasks name that are not in ``shapes``, in the order first
-    named (with no pool configured, ``shapes`` empty, every pool named): a misspelt
-    pool's tasks wait for a worker of it, so the manager says so when none has joined."""
+    Returns (:class:`PoolFit`) the pools the tasks name that are not in ``shapes``, in
+    the order first named (with no pool configured, ``shapes`` empty, every pool
+    named): a misspelt pool's tasks wait for a worker of it, so the manager says so
+    when none has joined. With configured pools (``where`` ""), also the first task of
+    no pool asking for more cores or memory than every worker of every pool has: it
+    waits for a worker joined by hand, so the manager says so when none has enough."""
     if not shapes:
-        return tuple(dict.fromkeys(spec.pool for spec in specs if spec.pool is not None))
+        return PoolFit(tuple(dict.fromkeys(s.pool for s in specs if s.pool is not None)))
     first: tuple[TaskSpec, str, str, float, tuple[float, str]] | None = None
     count = 0
     others: dict[str, None] = {}
     own = next(iter(shapes)) if where else None  # where a task of no pool runs
+    unplaced: Unplaced | None = None
+    short: dict[tuple[tuple[str, float], ...], tuple[tuple[str, tuple[str, float, str]], ...]]
+    short = {}  # the asks of tasks of no pool seen: the pools short of each (none: fits)
+    n_unplaced = 0
     for spec in specs:
         pool = own if spec.pool is None else spec.pool
         if pool is None:
+            if spec.resources:
+                asks = tuple((r, spec.resources[r]) for r in ANY_POOL_RESOURCES
+                             if r in spec.resources)  # fmt: skip
+                pools_short = short.get(asks)
+                if pools_short is None:
+                    pools_short = short[asks] = _short_everywhere(asks, shapes)
+                if pools_short:
+                    n_unplaced += 1
+                    if unplaced is None:
+                        unplaced = Unplaced(spec.key, asks, pools_short, 0)
             continue
         shape = shapes.get(pool)
         if shape is None:
@@ -1071,7 +1119,53 @@ def check_pool_fit(
                 break
     if first is not None:
         raise _too_big_for_pool(*first, shapes, count, where)
-    return tuple(others)
+    if unplaced is not None:
+        unplaced = unplaced._replace(tasks=n_unplaced)
+    return PoolFit(tuple(others), unplaced)
+
+
+def _short_everywhere(
+    asks: tuple[tuple[str, float], ...], shapes: Mapping[str, PoolShape]
+) -> tuple[tuple[str, tuple[str, float, str]], ...]:
+    """For each pool of ``shapes``, the first of ``asks`` its workers have less of, by
+    their configuration: ``(pool, (resource, amount, setting))``; empty when the
+    workers of some pool have enough (or do not say: memory of the machine's)."""
+    has = []
+    for pool, shape in shapes.items():
+        for name, amount in asks:
+            limit = shape.get(name)
+            if limit is not None and amount > limit[0]:
+                has.append((pool, (name, *limit)))
+                break
+        else:
+            return ()
+    return tuple(has)
+
+
+def unplaced_words(unplaced: Unplaced, joined: str) -> str:
+    """What the client is told of ``unplaced`` once no connected worker has enough
+    (``joined``: what the connected workers have at most, words of the scheduler's): the
+    task, what it asks, what each pool's workers have (the setting that says so), and
+    what to do."""
+    asks = " and ".join(_amount(r, a, "bytes" if r != "cores" else "") for r, a in unplaced.asks)
+    pools = "; ".join(
+        f"{pool!r}: {_amount(r, limit)} ({setting} = {limit:.0f} in [pools.{pool}])"
+        for pool, (r, limit, setting) in unplaced.has
+    )
+    more = (
+        f" ({unplaced.tasks} tasks of this submission do so; this is the first)"
+        if unplaced.tasks > 1
+        else ""
+    )
+    settings = " or ".join(dict.fromkeys(setting for _, (_, _, setting) in unplaced.has))
+    flags = " ".join(f"--{r} {a:g}" if r == "cores" else f"--{r} {a:.0f}" for r, a in unplaced.asks)
+    return (
+        f"task {unplaced.key!r} names no pool and asks for {asks}{more}, more than every "
+        f"worker of every configured pool has ({pools}), and {joined}: it waits until a "
+        f"worker with enough joins. Give it a pool whose workers have enough (pool=), "
+        f"raise {settings} of a pool, or start a worker by hand with enough "
+        f"(`python -m runtime worker ADDRESS {flags}`)"
+    )
 
 
 def _amount(resource: str, value: float, how: str = "") -> str:

@@ -320,13 +320,18 @@ class SubmitSpecs(Message):
     #: in, the scheduler says where each stands (``KeyTaken``, after what it says again)
     echo: tuple[Any, ...] = ()
     client: str = ""
+    #: ``(resource, amount)``: what the first task of no pool asks that no configured
+    #: pool's worker has (``runtime.graph.Unplaced.asks``); asked, the scheduler answers
+    #: whether a connected worker has it
+    unplaced: tuple[tuple[str, float], ...] = ()
 
 
 @message()
 class SubmitReply(Message):
     """Manager -> client: a submission was taken as run ``run``. ``warnings``: what the
     client logs of it at once, each a sentence (tasks of a pool that is not configured
-    and that no worker has joined: they wait until one joins). ``echoed``: the keys the
+    and that no worker has joined, or a task of no pool that no worker configured or
+    connected has enough for: they wait until one joins). ``echoed``: the keys the
     client wanted already, of which a ``KeyTaken`` comes (``SubmitSpecs.echo``): what
     came of those before it is older than this submission."""
 

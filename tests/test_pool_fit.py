@@ -26,12 +26,13 @@ from actors.pools import pools_from_dicts
 from actors.scheduler_events import GraphSubmitted
 from runtime import Cluster
 from runtime.errors import AlertConfigError, GraphError, PolicyParamsError
-from runtime.graph import DataNode, TaskSpec, check_pool_fit
+from runtime.graph import DataNode, PoolFit, TaskSpec, Unplaced, check_pool_fit, unplaced_words
 from runtime.node import Tokens, pool_shapes, run_manager, run_worker
 from tests.helpers import (
     Factory,
     assigned,
     event,
+    free_port_between,
     join,
     log_lines,
     make_state,
@@ -208,9 +209,9 @@ def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
         spec("f2", None, cores=9),
         spec("f3", "z", cores=9),
     ]
-    assert check_pool_fit(fine, shapes) == ("z",)  # the pools named not configured
+    assert check_pool_fit(fine, shapes).unconfigured == ("z",)  # the pools named not configured
     # no pool configured: nothing checked, and every pool named is said
-    assert check_pool_fit([spec("g", "a", cores=9), spec("h", None)], {}) == ("a",)
+    assert check_pool_fit([spec("g", "a", cores=9), spec("h", None)], {}) == PoolFit(("a",))
     bad = [*fine, spec("b1", "b", disk=6e9), spec("b2", "a", cores=3), spec("b3", "a", memory=2e9)]
     with pytest.raises(GraphError) as info:
         check_pool_fit(bad, shapes)
@@ -521,3 +522,103 @@ def test_runtime_get_refuses_what_its_own_cluster_could_never_run() -> None:
     with pytest.raises(GraphError, match="pool 'gpu'"):
         dask.compute(annotated, scheduler=get)
     assert get({"a": 1}, "a", pool="default") == 1
+
+
+def test_a_task_of_no_pool_no_configured_pools_worker_could_run_is_found() -> None:
+    """``check_pool_fit`` answers the first task of no pool asking for more cores or
+    memory than every worker of every configured pool has, what each pool's workers
+    have (the setting that says so), and how many; a pool that has enough (or does not
+    say: the machine's memory) leaves it out. Disk is not checked for it."""
+    shapes = {
+        "cpu": {"cores": (1.0, "cores_per_worker"), "memory": (2e9, "memory_per_worker")},
+        "mem": {"cores": (2.0, "cores_per_worker"), "memory": (8e9, "memory_per_worker")},
+    }
+
+    def spec(key: str, **resources: float) -> TaskSpec:
+        return TaskSpec(key, DataNode(key, 1), (), key, resources=resources)
+
+    fits = [spec("a", cores=2), spec("b", memory=8e9), spec("c"), spec("d", disk=1e18)]
+    assert check_pool_fit(fits, shapes) == PoolFit(())
+    found = check_pool_fit([*fits, spec("e", cores=4), spec("f", cores=2, memory=9e9)], shapes)
+    assert found == PoolFit(
+        (),
+        Unplaced(
+            "e",
+            (("cores", 4.0),),
+            (
+                ("cpu", ("cores", 1.0, "cores_per_worker")),
+                ("mem", ("cores", 2.0, "cores_per_worker")),
+            ),
+            2,
+        ),
+    )
+    open_memory = {**shapes, "open": {"cores": (8.0, "cores_per_worker")}}
+    assert check_pool_fit([spec("g", cores=4, memory=1e12)], open_memory).unplaced is None
+    # an embedded cluster (where given): its one pool refuses the task, as before
+    with pytest.raises(GraphError):
+        check_pool_fit([spec("h", cores=4)], {"cpu": shapes["cpu"]}, "Cluster(...)")
+    assert found.unplaced is not None
+    words = unplaced_words(found.unplaced, "no worker connected has enough (at most 1 core)")
+    assert words == (
+        "task 'e' names no pool and asks for 4 cores (2 tasks of this submission do so; "
+        "this is the first), more than every worker of every configured pool has ('cpu': "
+        "1 core (cores_per_worker = 1 in [pools.cpu]); 'mem': 2 cores (cores_per_worker "
+        "= 2 in [pools.mem])), and no worker connected has enough (at most 1 core): it "
+        "waits until a worker with enough joins. Give it a pool whose workers have enough "
+        "(pool=), raise cores_per_worker of a pool, or start a worker by hand with enough "
+        "(`python -m runtime worker ADDRESS --cores 4`)"
+    )
+
+
+def test_the_scheduler_says_whether_a_connected_worker_has_enough(make_state: Factory) -> None:
+    """``SchedulerState.short_workers``: "" once a worker that takes tasks has every
+    resource asked; else what the connected ones have at most."""
+    state = make_state()
+    assert state.short_workers((("cores", 4.0),)) == "no worker that takes tasks is connected"
+    join(state, "w1", cores=2, memory=4_000_000_000)
+    assert state.short_workers((("cores", 4.0), ("memory", 1e9))) == (
+        "no worker connected has enough (at most 2 cores and 4,000,000,000 B of memory)"
+    )
+    join(state, "w2", cores=4, memory=0)  # no memory limit
+    assert state.short_workers((("cores", 4.0), ("memory", 1e12))) == ""
+
+
+def test_a_manager_process_warns_of_a_task_of_no_pool_no_worker_could_run(
+    tmp_path: Path,
+) -> None:
+    """Before, ``submit(f, resources={"cores": 4})`` on a manager whose one pool has
+    ``cores_per_worker = 1`` waited forever with nothing in the client's log. It is
+    still taken (a worker joined by hand could run it), but the client logs a warning
+    at submit; once a worker with enough joined by hand, nothing is said and it runs."""
+    from runtime.cli_processes import Cli
+
+    config = tmp_path / "corral.toml"
+    config.write_text("[pools.cpu]\ninit_blocks = 0\ncores_per_worker = 1\n")
+    with Cli(tmp_path / "home") as cli:
+        port = free_port_between(61000, 61249)
+        proc = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config", str(config)
+        )
+        address = cli.line_with(proc, "manager listening on").split("listening on", 1)[1].strip()
+
+        async def main() -> None:
+            with anyio.fail_after(30), log_lines("corral.client", logging.WARNING) as log:
+                async with Cluster(address) as cluster:
+                    (fut,) = await cluster.submit_graph(
+                        {"big": (operator.neg, 1)}, ["big"], resources={"cores": 4}
+                    )
+                    (line,) = [ln for ln in log.lines if "names no pool" in ln]
+                    assert "task 'big' names no pool and asks for 4 cores, more than " in line
+                    assert "'cpu': 1 core (cores_per_worker = 1 in [pools.cpu])" in line
+                    assert "no worker that takes tasks is connected" in line
+                    assert "--cores 4`" in line
+                    worker_port = free_port_between(61250, 61499)
+                    cli.worker(address, "--cores", "4", "--port", str(worker_port))
+                    await cluster.wait_for_workers(1)
+                    assert await fut == -1
+                    before = list(log.lines)
+                    again = cluster.submit(operator.neg, 2, resources={"cores": 4})
+                    assert await again == -2
+                    assert log.lines == before
+
+        anyio.run(main)
