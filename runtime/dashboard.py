@@ -80,7 +80,8 @@ def dashboard_url(address: str, token: str) -> str:
 
 
 def _pool_label(name: str) -> str:
-    return "any pool" if name == "*" else name
+    """A pool's name on the page: ``*`` holds the tasks submitted without ``pool=``."""
+    return "any pool (no pool=)" if name == "*" else name
 
 
 def _worker(
@@ -129,6 +130,10 @@ def build_snapshot(
         for w in sorted(status.workers, key=lambda w: (w.pool, w.worker_id))
     ]
     names = set(metrics.pools) | set(metrics.blocks) | {w["pool"] for w in workers}
+    # ready tasks of no pool (submitted without pool=): counted once, in "*" ("any
+    # pool"), as /metrics counts them; each pool's row says how many its workers may
+    # take beside its own (the scale audit: a pool read "0 queued" over 27k of them)
+    anywhere = metrics.pools["*"].queue_depth if "*" in metrics.pools else 0
     pools = []
     for name in sorted(names, key=lambda n: (n == "*", n)):
         m = metrics.pools.get(name)
@@ -141,6 +146,7 @@ def build_snapshot(
                 "name": name,
                 "label": _pool_label(name),
                 "queue_depth": m.queue_depth if m is not None else 0,
+                "any_pool_queued": anywhere if name != "*" else 0,
                 "held_back": m.held_back if m is not None else 0,
                 "retry_held": m.retry_held if m is not None else 0,
                 "oldest_wait": m.oldest_wait if m is not None else 0.0,
@@ -597,7 +603,9 @@ function renderPools(s) {
       h("th", {class: "num", text: "on workers",
                title: "tasks sent to the pool's workers: running, or ready to start next"})),
     s.pools.map(p => h("tr", {class: "pool", "data-pool": p.name},
-      h("td", {text: p.label}),
+      h("td", p.name === "*" ? {text: p.label,
+        title: "ready tasks submitted without pool=: the workers of any pool may run " +
+               "them; counted here once, not in each pool's queue"} : {text: p.label}),
       h("td", {class: "num big queue-depth", "data-value": p.queue_depth}, String(p.queue_depth),
         p.held_back ? h("span", {class: "held-back", text: " (" + p.held_back + " held back)",
           title: "ready tasks held back for a while: their inputs could not be fetched " +
@@ -607,6 +615,11 @@ function renderPools(s) {
                                   text: " (+" + p.retry_held + " held for retry)",
           title: "retries held for their backoff (the retry policy's delay): not ready yet, " +
                  "not counted in the queue"})
+          : "",
+        p.any_pool_queued ? h("span", {class: "any-pool",
+                                       text: " (+" + p.any_pool_queued + " of any pool)",
+          title: "ready tasks submitted without pool=, which this pool's workers may run " +
+                 "too: counted in the 'any pool' row and the total, not in this figure"})
           : ""),
       h("td", {class: "num", text: secs(p.oldest_wait)}),
       h("td", {class: "num", text: secs(p.wait_p50)}),

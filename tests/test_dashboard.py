@@ -261,7 +261,9 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     assert cpu["hosts"] == 2  # how many machines (a user audit, monitor 7: not answerable)
     assert cpu["blocks"] == {"running": 2, "pending": 1} and cpu["blocks_pending"] == 1
     assert (cpu["oldest_pending"], cpu["target"], cpu["desired"]) == (40.0, 3, 4)
-    assert snap["pools"][1]["label"] == "any pool"
+    assert snap["pools"][1]["label"] == "any pool (no pool=)"
+    # the tasks of no pool, which cpu's workers may run too, are said beside its own
+    assert (cpu["any_pool_queued"], snap["pools"][1]["any_pool_queued"]) == (2, 0)
     assert (cpu["disk_stalled"], snap["pools"][1]["disk_stalled"]) == (0, 1)  # the page says so
     w1, w2 = snap["workers"]
     assert (w1["host"], w2["host"]) == ("box/1", "box/2")
@@ -279,6 +281,31 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
         "retry": "default",
         "scaling": "demand (spare=2, lookahead=60)",
     }
+
+
+def test_a_pool_with_no_queue_of_its_own_says_the_tasks_of_no_pool_it_may_run() -> None:
+    """The scale audit: 27,226 tasks submitted without ``pool=`` waited, and the one
+    pool's row read "0 queued" while they sat under ``*``. ``queue_depth`` stays what
+    ``corral_queue_depth`` says per pool (those tasks counted once, in ``*``, and in the
+    total); each pool's row also says how many of them its workers may run."""
+    metrics, status, alerts = _answers()
+    metrics = dataclasses.replace(
+        metrics,
+        pools={"*": PoolMetrics(queue_depth=27226), "default": PoolMetrics(queue_depth=0)},
+        blocks={},
+    )
+    status = dataclasses.replace(status, workers=(WorkerInfo("w1", 2, GB, pool="default"),))
+    snap = build_snapshot(metrics, status, alerts, now=1.0)
+    rows = [(p["name"], p["label"], p["queue_depth"], p["any_pool_queued"]) for p in snap["pools"]]
+    assert rows == [
+        ("default", "default", 0, 27226),
+        ("*", "any pool (no pool=)", 27226, 0),
+    ]
+    assert snap["queue_depth"] == 27226  # counted once
+    # no task of no pool waiting: nothing said beside a pool's own queue
+    metrics = dataclasses.replace(metrics, pools={"default": PoolMetrics(queue_depth=3)})
+    (row,) = build_snapshot(metrics, status, alerts, now=2.0)["pools"]
+    assert (row["queue_depth"], row["any_pool_queued"]) == (3, 0)
 
 
 def test_the_snapshot_shows_each_workers_disk_and_its_file_outputs_apart() -> None:
@@ -743,7 +770,8 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
     firing = shown[0][2]
     assert "FIRING" in firing and "pool=cpu" in firing and "max_queue_size=7" in firing
     assert "dashboard: /" in firing
-    assert queues == ["7 (2 held back)", "2"]  # cpu, then any pool (none held back)
+    # cpu (and the 2 of any pool its workers may run), then any pool (none held back)
+    assert queues == ["7 (2 held back) (+2 of any pool)", "2"]
     # the scheduler's warnings, above the capacity table (docs/memory.md)
     assert len(warned) == 1 and "m1, m2 add up to 47.1 GiB" in warned[0]
 
