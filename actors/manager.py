@@ -181,7 +181,8 @@ class _Graph(NamedTuple):
     run_keys: tuple[Key, ...]  #: its tasks' keys, then the other keys it asks for
     #: the pools its tasks name that are not configured (none when no pool is)
     unconfigured: tuple[str, ...] = ()
-    #: what the client is told of the graph (annotations dask's optimization changed)
+    #: what the client is told of the graph (annotations dask's optimization changed,
+    #: a memory resource too small to be bytes)
     notes: tuple[str, ...] = ()
     #: its first task of no pool that no configured pool's worker could run
     unplaced: Unplaced | None = None

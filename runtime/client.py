@@ -157,7 +157,8 @@ def parse_bytes(value: int | float | str | None) -> int:
 def _told_of(reply: object) -> None:
     """Log, at WARNING, what the manager's answer to a submission says of it (its tasks
     of a pool that is not configured and that no worker has joined wait until one
-    joins): a script waiting on their results says why they do not come."""
+    joins; a task's memory resource is too small to be bytes): a script waiting on
+    their results says why they do not come."""
     if isinstance(reply, SubmitReply):
         for warning in reply.warnings:
             _log.warning(warning, run=reply.run)

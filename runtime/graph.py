@@ -49,6 +49,7 @@ from runtime.errors import CycleError, GraphError, MissingKeysError, ShuffleMeth
 __all__ = [
     "ANY_POOL_RESOURCES",
     "INTAKE_PIECE",
+    "SMALL_MEMORY",
     "Key",
     "PoolFit",
     "PoolShape",
@@ -72,6 +73,7 @@ __all__ = [
     "normalize_graph",
     "reject_collection",
     "short_repr",
+    "small_memory_notes",
     "unpicklable_error",
     "unplaced_words",
 ]
@@ -862,7 +864,9 @@ def build_specs(
     dependencies, :class:`CycleError` for cycles, :class:`GraphError` for invalid
     priorities, retries, resources, pools or timeouts (options or annotations). Nothing is run
     when it raises. ``notes`` gets what the client is to be told of it: annotations
-    dask's graph optimization made apply otherwise, or dropped (:func:`_materialize`).
+    dask's graph optimization made apply otherwise, or dropped (:func:`_materialize`),
+    and tasks asking for so little memory that it is surely not bytes
+    (:func:`small_memory_notes`).
     """
     graph, annotations = _materialize(graph, notes)
     check_graph_keys(graph)
@@ -906,7 +910,40 @@ def build_specs(
             pool=opts["pool"],
             timeout=opts["timeout"],
         )
+    if notes is not None:
+        notes.extend(small_memory_notes(specs))
     return specs
+
+
+#: A task's ``resources={"memory": ...}`` below this (1 MiB), but above 0, is taken as
+#: asked and said to the client (:func:`small_memory_notes`): no task needs so little
+#: that it must ask for it, so it is almost surely a count of MB or MiB (Parsl's
+#: ``parsl_resource_specification`` gives memory in MB), not of bytes.
+SMALL_MEMORY = 2**20
+
+
+def small_memory_notes(specs: Mapping[Key, TaskSpec]) -> list[str]:
+    """What the client is told of tasks asking for between 0 and :data:`SMALL_MEMORY`
+    bytes of memory: one sentence per amount, naming its first task and counting the
+    others, each saying memory is in bytes and what was likely meant."""
+    small: dict[float, tuple[Key, int]] = {}  # amount -> its first task, how many
+    for key, spec in specs.items():
+        memory = spec.resources.get("memory", 0)
+        if 0 < memory < SMALL_MEMORY:
+            first, count = small.get(memory, (key, 0))
+            small[memory] = (first, count + 1)
+    out = []
+    for memory, (first, count) in small.items():
+        others = f" (and {count - 1} other task{'s' * (count > 2)} of this submission)"
+        others = others if count > 1 else ""
+        amount = str(int(memory)) if memory.is_integer() else repr(memory)
+        out.append(
+            f"task {short_repr(first)}{others} asks for resources={{'memory': {amount}}}, "
+            f"which is {amount} bytes: memory is in bytes: did you mean {amount} MiB = "
+            f"{amount} * 2**20? (Parsl's memory is in MB.) The task runs as asked; to ask "
+            f"for {amount} MiB, give resources={{'memory': {amount} * 2**20}}"
+        )
+    return out
 
 
 #: Tasks per piece a large graph is taken in by the scheduler (:func:`in_pieces`): a

@@ -331,7 +331,8 @@ class SubmitReply(Message):
     """Manager -> client: a submission was taken as run ``run``. ``warnings``: what the
     client logs of it at once, each a sentence (tasks of a pool that is not configured
     and that no worker has joined, or a task of no pool that no worker configured or
-    connected has enough for: they wait until one joins). ``echoed``: the keys the
+    connected has enough for: they wait until one joins; annotations dask's
+    optimization changed; a memory resource too small to be bytes). ``echoed``: the keys the
     client wanted already, of which a ``KeyTaken`` comes (``SubmitSpecs.echo``): what
     came of those before it is older than this submission."""
 
