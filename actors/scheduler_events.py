@@ -229,11 +229,19 @@ class TasksRunning(Event):
 class CancelRequested(Event):
     """Cancel these keys and what depends on them, except what a key in ``spare`` (held
     by other clients) needs: those run on (:class:`CancelSpared` names the keys asked
-    for that did)."""
+    for that did).
+
+    ``coming``: those of ``keys`` that pieces of graphs not taken in yet bring (once per
+    piece that brings it; the shell's intake, ``GraphSubmitted`` to come). The cancel
+    is carried out now on the tasks the core has, and each of these is cancelled as its
+    piece brings it, never queued (its clients are told now when the core does not have
+    it yet); none of ``spare`` may be among them (the shell carries such a cancel out
+    once the intake is over)."""
 
     keys: tuple[Key, ...]
     reason: str = "cancelled by request"
     spare: frozenset[Key] = frozenset()
+    coming: tuple[Key, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -183,7 +183,7 @@ import heapq
 import itertools
 import numbers
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -761,6 +761,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._forgotten: list[Key] = []
         self._to_fail: list[tuple[TaskState, TaskState]] = []
         self._to_cancel: list[tuple[TaskState, str]] = []
+        #: keys cancelled while pieces of graphs that bring them were still to come
+        #: (``CancelRequested.coming``): key -> [reason, pieces still to bring it]; each
+        #: is cancelled as it comes, never queued (:meth:`_graph_submitted`)
+        self._cancel_ahead: dict[Key, list[Any]] = {}
         self._too_large: list[TaskState] = []  #: to check (and fail) for admission
         #: tasks killed for memory to check (and fail) for a larger worker
         self._oom_stuck: list[TaskState] = []
@@ -1218,6 +1222,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 new.append(ts)
             else:  # the known task stands (as in dask): say so if this one differs
                 self._note_reuse(ts.spec, spec)
+        # cancelled before this piece came: cancelled as it comes, never queued
+        ahead = self._arrived_cancelled(ev.specs, new) if self._cancel_ahead else None
         if ev.final and self._reused_count:  # said before any result of the submission
             self._out.append(
                 KeysReused(self._stimulus, tuple(self._reused), self._reused_count, ev.echo_to)
@@ -1239,7 +1245,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 else:
                     ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
-        self._take_turns(new, ev.echo_to, ev.continued)
+        turning = [t for t in new if t not in ahead] if ahead else new  # (cancelled: no turn)
+        self._take_turns(turning, ev.echo_to, ev.continued)
         if continues:
             _continue_generations(new, gen, self.turn_floor)
         # Count the wants first, so nothing a client asks for is forgotten while the new
@@ -1266,6 +1273,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._set(ts, "erred")
                 self._terminal(ts)
                 continue
+            if ahead and ts in ahead:  # (its clients were told when it was cancelled)
+                self._set(ts, "waiting")
+                self._cancel(ts, ahead[ts], tell=False)
+                continue
             self._activate(ts)
         for ts in wanted:
             if ts not in fresh:  # (a fresh one is told through the normal path)
@@ -1279,6 +1290,27 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._out.append(KeyTaken(self._stimulus, key, ts.state in ACTIVE, ev.echo_to))
         if ev.unconfigured:
             self._tell_no_worker(new, ev.unconfigured)
+
+    def _arrived_cancelled(
+        self, specs: Mapping[Key, TaskSpec], new: list[TaskState]
+    ) -> dict[TaskState, str]:
+        """Of the tasks ``specs`` bring, the ``new`` ones (or run again) cancelled before
+        they came (``_cancel_ahead``), with the cancel's reason; each key's count of
+        pieces still to bring it goes down."""
+        ahead = self._cancel_ahead
+        out: dict[TaskState, str] = {}
+        fresh = set(new)
+        for key in specs:
+            entry = ahead.get(key)
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del ahead[key]
+            ts = self.tasks[key]
+            if ts in fresh:
+                out[ts] = entry[0]
+        return out
 
     def _take_turns(self, new: list[TaskState], client: str, continued: bool) -> None:
         """The new tasks of ``client``'s submission take their turns: the submission
@@ -1824,14 +1856,26 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         first = getattr(self.policies["priority"], "name", "") == "consumers-first"
         return error.with_context(top(filled), declared, top(held), first)
 
-    def count_active(self, keys: Iterable[Key]) -> int:
-        """How many of ``keys`` are still to do (waiting, queued or running): what a
-        cancel of them would stop. A query: it changes nothing."""
+    def count_active(self, keys: Iterable[Key], coming: Iterable[Key] = ()) -> int:
+        """How many of ``keys`` are still to do (waiting, queued or running, or brought
+        by pieces still to come, ``coming``, and not done): what a cancel of them would
+        stop. A query: it changes nothing."""
         tasks = self.tasks
-        return sum(1 for key in keys if (ts := tasks.get(key)) is not None and ts.state in ACTIVE)
+        later = set(coming)
+        return sum(
+            1
+            for key in keys
+            if ((ts := tasks.get(key)) is not None and ts.state in ACTIVE)
+            or (key in later and (ts is None or ts.state in ("erred", "cancelled")))
+        )
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
         spared: list[Key] = []
+        told = (
+            {k for k in ev.coming if (t := self.tasks.get(k)) and t.state in ACTIVE and t.wanted}
+            if ev.coming
+            else set()
+        )
         for key in ev.keys:
             ts = self.tasks.get(key)
             if ts is None or ts.state not in ACTIVE:
@@ -1849,6 +1893,28 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     self._cancel(t, ev.reason)
         if spared:
             self._out.append(CancelSpared(self._stimulus, tuple(spared)))
+        if ev.coming:
+            self._cancel_coming(ev, told.union(spared), frozenset(spared))
+
+    def _cancel_coming(self, ev: CancelRequested, told: set[Key], spared: frozenset[Key]) -> None:
+        """The keys of ``ev`` that pieces still to come bring (``ev.coming``, once per
+        piece): each is cancelled as it comes (``_cancel_ahead``), and its clients are
+        told now (the manager knows who wants it), but for a key the core has done
+        (memory, released: it stands, as a cancel after the intake would leave it),
+        spared, or told already (cancelled just now while wanted)."""
+        ahead = self._cancel_ahead
+        tasks = self.tasks
+        asked = set(ev.keys)
+        for key, pieces in Counter(ev.coming).items():
+            if key in spared or key not in asked:
+                continue
+            ts = tasks.get(key)
+            if ts is not None and ts.state not in ACTIVE and ts.state not in ("erred", "cancelled"):
+                continue
+            first = key not in ahead
+            ahead[key] = [ev.reason, pieces]  # (pieces: all those still to come now)
+            if first and key not in told:
+                self._out.append(KeyCancelled(self._stimulus, key, ev.reason))
 
     @staticmethod
     def _kept_by(root: TaskState, spare: frozenset[Key]) -> tuple[list[TaskState], set[TaskState]]:
@@ -3256,9 +3322,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._set(ts, "erred")
         self._terminal(ts)
 
-    def _terminal(self, ts: TaskState) -> None:
-        """``ts`` just erred or was cancelled: tell the client, fail what depends on it;
-        an erred task counts as erred in the failure groups of its failed tries."""
+    def _terminal(self, ts: TaskState, *, tell: bool = True) -> None:
+        """``ts`` just erred or was cancelled: tell the client (unless not ``tell``:
+        told already), fail what depends on it; an erred task counts as erred in the
+        failure groups of its failed tries."""
         if ts.failed_in is not None and ts.state == "erred":
             for group in ts.failed_in:
                 group.erred += 1
@@ -3266,7 +3333,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ts.root is None:
             assert ts.error is not None
             ts.root = (ts.key, ts.error)
-        self._notify_failed(ts)
+        if tell:
+            self._notify_failed(ts)
         self._to_fail.extend((d, ts) for d in ts.dependents if d.state in ACTIVE)
         self._maybe_forget(ts)
 
@@ -3280,16 +3348,19 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         else:
             self._out.append(KeyErred(self._stimulus, ts.key, ts.error, *ts.root))
 
-    def _cancel(self, ts: TaskState, reason: str, *, unneeded: bool = False) -> None:
+    def _cancel(
+        self, ts: TaskState, reason: str, *, unneeded: bool = False, tell: bool = True
+    ) -> None:
         """Cancel ``ts``. ``unneeded``: not asked by a user, only nothing needs it now; it
-        is then run again if something comes to need it."""
+        is then run again if something comes to need it. ``tell``: the clients that want
+        it are told (else they were already)."""
         if ts.state == "processing":
             self._unassign(ts, cancel=True, cause="unneeded" if unneeded else "cancelled")
         ts.unneeded = unneeded
         ts.error = CancelledError(str(ts.key), reason)
         ts.root = (ts.key, ts.error)
         self._set(ts, "cancelled")
-        self._terminal(ts)
+        self._terminal(ts, tell=tell)
 
     def _unassign(self, ts: TaskState, *, cancel: bool, cause: str | None = None) -> None:
         """``ts`` no longer runs where it was sent; ``cancel``: tell its worker to stop

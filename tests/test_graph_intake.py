@@ -30,14 +30,17 @@ import pytest
 import runtime.graph
 from actors.scheduler import Scheduler
 from actors.scheduler_events import (
+    CancelOnWorker,
     CancelRequested,
     Execute,
     GraphSubmitted,
+    KeyCancelled,
     KeyDone,
     KeysReleased,
 )
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
+from runtime.errors import CancelledError as CorralCancelledError
 from runtime.errors import CycleError, MissingKeysError
 from runtime.graph import Key, Task, TaskRef, build_specs, in_pieces
 from runtime.messages import (
@@ -52,6 +55,7 @@ from runtime.messages import (
 from tests.helpers import (
     Factory,
     Loop,
+    assigned,
     chain,
     event,
     join,
@@ -59,6 +63,9 @@ from tests.helpers import (
     of,
     specs_for,
     wait_until,
+)
+from tests.helpers import (
+    run as run_core,
 )
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -204,6 +211,86 @@ def test_an_output_a_later_piece_reads_is_kept_until_that_piece_comes(
     assert {k: ts.state for k, ts in state.tasks.items() if ts.state != "released"} == {
         "a-2": "memory"
     }
+
+
+def test_a_cancel_between_pieces_cancels_what_is_in_now_and_the_rest_as_it_comes(
+    make_state: Factory,
+) -> None:
+    """The scale audit: a cancel of a 300,000-task run waited for the whole intake (a
+    minute), the pieces taken in running meanwhile. Now the core cancels what it has at
+    once, tells the clients of the keys still to come at once, and takes those in as
+    cancelled: no task of the cancelled keys is sent to a worker after the cancel."""
+    state = make_state()
+    join(state, "w", cores=2)
+    table: dict[Key, list[Key]] = {f"t{i}": [] for i in range(8)}
+    table["sum"] = ["t6", "t7"]  # read by the last piece: its tasks fail with them
+    keys = list(table)
+    specs = specs_for(state, table, keys)
+    pieces = in_pieces(specs, keys, 3)
+    assert len(pieces) == 3
+
+    def take(i: int) -> list[Any]:
+        p = pieces[i]
+        return run_core(
+            state,
+            event(
+                GraphSubmitted, specs=p.specs, wanted=p.keys, continued=i > 0, hold=p.hold,
+                unhold=p.unhold,
+            ),
+        )  # fmt: skip
+
+    sent = assigned(take(0))["w"]
+    assert sent  # the first piece runs
+    coming = tuple(k for p in pieces[1:] for k in p.specs)
+    cmds = run_core(state, event(CancelRequested, keys=tuple(keys), coming=coming))
+    told = [c.key for c in of(cmds, KeyCancelled)]
+    assert sorted(told, key=str) == sorted(keys, key=str)  # every key's clients, now, once
+    assert {k for c in of(cmds, CancelOnWorker) for k in c.keys} == set(sent)  # stopped
+    later = take(1) + take(2)
+    assert of(later, Execute) == [] and of(later, KeyCancelled) == []  # told already
+    assert {k: ts.state for k, ts in state.tasks.items()} == dict.fromkeys(keys, "cancelled")
+    assert not state._cancel_ahead  # each key came once: nothing waits for it any more
+    # the same keys submitted again after the cancel run again (as after any cancel)
+    again = specs_for(state, {"t0": []}, ["t0"])
+    assert assigned(run_core(state, event(GraphSubmitted, specs=again, wanted=("t0",)))) == {
+        "w": ["t0"]
+    }
+
+
+def test_a_cancel_between_pieces_leaves_done_and_other_keys_alone(make_state: Factory) -> None:
+    """Only the asked keys are cancelled as they come; a key the core has done stands
+    (as a cancel after the intake left it), and the console's count of what was still
+    to do counts the keys to come."""
+    state = make_state()
+    loop = Loop(state)
+    join(state, "w")
+    old = specs_for(state, {"old": []}, ["old"])
+    loop.run(event(GraphSubmitted, specs=old, wanted=("old",)))
+    loop.finish("w", "old")
+    table: dict[Key, list[Key]] = {f"t{i}": [] for i in range(4)}
+    specs = specs_for(state, table, list(table))
+    specs.update(old)  # brought again by a later piece
+    cut = [["t0", "t1"], ["t2", "old"], ["t3"]]
+    pieces = [runtime.graph.SpecPiece({k: specs[k] for k in c}, tuple(c)) for c in cut]
+    p0 = pieces[0]
+    loop.run(event(GraphSubmitted, specs=p0.specs, wanted=p0.keys, hold=p0.hold, unhold=p0.unhold))
+    coming = tuple(k for p in pieces[1:] for k in p.specs)
+    asked = ("t0", "t2", "old")  # not t3
+    assert state.count_active(asked, coming) == 2  # old is done
+    cmds = loop.run(event(CancelRequested, keys=asked, coming=coming))
+    assert "old" not in {c.key for c in of(cmds, KeyCancelled)}
+    for p in pieces[1:]:
+        loop.run(
+            event(
+                GraphSubmitted, specs=p.specs, wanted=p.keys, continued=True, hold=p.hold,
+                unhold=p.unhold,
+            )
+        )  # fmt: skip
+    states = {k: state.tasks[k].state for k in coming}
+    assert states.pop("old") == "memory", state.story("t3")
+    assert states.pop("t3") in ("queued", "processing"), state.story("t3")
+    assert set(states.values()) == {"cancelled"}
+    assert not state._cancel_ahead
 
 
 # -- the cluster -------------------------------------------------------------------------
@@ -414,7 +501,8 @@ async def test_a_release_or_cancel_during_the_intake_finds_the_graph_whole(
     how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Posted to the scheduler right behind a graph of several pieces (no worker: nothing
-    runs): carried out once every piece is in, so it reaches the keys of the later
+    runs): a release is carried out once every piece is in, and a cancel at once on the
+    pieces in and on the later pieces as they come; either reaches the keys of the later
     pieces too (before any piece of theirs came, they would have been missed)."""
     monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
     dsk, ends = chains(60, 5)
@@ -435,6 +523,53 @@ async def test_a_release_or_cancel_during_the_intake_finds_the_graph_whole(
             else:
                 assert {ts.state for ts in tasks.values()} == {"cancelled"}
                 assert set(ends) <= tasks.keys()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_during_the_intake_is_carried_out_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scale audit: ``cancel()`` of a large ``map`` returned, but the scheduler
+    carried it out only once the whole graph was in, and the pieces taken in ran
+    meanwhile (123,000 of 300,000 tasks ran after the cancel). Now the core has it while
+    pieces are still to come, no task is sent to a worker after it, and every future is
+    cancelled, those of the pieces to come too."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    seen: list[tuple[str, int]] = []  #: (event or "execute", pieces left in the intake)
+    scheds: list[Scheduler] = []
+    handle = SchedulerState.handle
+
+    def noting(self: SchedulerState, *events: Any) -> Any:
+        out = handle(self, *events)
+        left = len(scheds[0]._intake) if scheds else 0
+        seen.extend((type(ev).__name__, left) for ev in events)
+        seen.extend(("execute", left) for c in out if isinstance(c, Execute))
+        return out
+
+    monkeypatch.setattr(SchedulerState, "handle", noting)
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            sched = cluster._scheduler_actor
+            scheds.append(sched)
+            futures = cluster.map(inc, range(3000))  # 60 pieces
+            await wait_until(lambda: len(sched._intake) > 5, "the intake under way")
+            await cluster.cancel(futures)
+            names = [name for name, _ in seen]
+            assert "CancelRequested" in names, "cancel() returned before it was carried out"
+            at = names.index("CancelRequested")
+            assert seen[at][1] > 0, "carried out once the intake was over"
+            assert "execute" not in names[at:], "a task was sent after the cancel"
+            cancelled = 0
+            for i, f in enumerate(futures):  # done before the cancel, or cancelled
+                try:
+                    assert await f == i + 1
+                except CorralCancelledError:
+                    cancelled += 1
+            assert cancelled > 2000  # at least the keys of the pieces then to come
+            await wait_until(lambda: not sched._intake, "the rest of the intake")
+            assert "execute" not in [name for name, _ in seen[at:]]
+            states = {ts.state for ts in sched.state.tasks.values()}
+            assert states <= {"cancelled", "memory", "released"}, states
 
 
 # -- a large release ---------------------------------------------------------------------
