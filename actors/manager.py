@@ -144,6 +144,58 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+#: The garbage collector's first-generation threshold to ask for on large graphs:
+#: ``Cluster(gc_threshold=GC_THRESHOLD)``. Not the default: see :class:`GcTuning`.
+GC_THRESHOLD = 50_000
+
+
+class GcTuning:
+    """Raise the garbage collector's first-generation threshold while clusters run, when
+    a cluster is asked to (``gc_threshold``; off by default, since the threshold belongs
+    to the whole process, not to a library running in it), and while a manager process
+    runs (``python -m runtime manager --gc-threshold``, on by default: the process is
+    the manager's).
+
+    A scheduler makes several small container objects per task (task states, graph
+    nodes, records). With Python's default threshold of 700, collections then run so
+    often that they take about half of the scheduler's time on graphs of 20,000 tasks
+    (measured: 35 µs against 18 µs per task in the scheduler core). The threshold is
+    process-wide: it is raised when the first cluster starts, only if it is lower, and
+    restored when the last one stops. Reference counting still frees everything that
+    is not in a cycle at once; only cycles live a little longer.
+    """
+
+    _depth = 0
+    _saved: tuple[int, int, int] | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, threshold: int | None) -> None:
+        self.threshold = threshold
+        self.active = False
+
+    def enter(self) -> None:
+        if self.threshold is None or self.active:
+            return
+        with GcTuning._lock:
+            if GcTuning._depth == 0:
+                current = gc.get_threshold()
+                if current[0] < self.threshold:
+                    GcTuning._saved = current
+                    gc.set_threshold(self.threshold, *current[1:])
+            GcTuning._depth += 1
+        self.active = True
+
+    def exit(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        with GcTuning._lock:
+            GcTuning._depth -= 1
+            if GcTuning._depth == 0 and GcTuning._saved is not None:
+                gc.set_threshold(*GcTuning._saved)
+                GcTuning._saved = None
+
+
 #: The manager remembers the keys of its latest runs (for the console's ``cancel RUN``
 #: and ``cancel KEY``): at most this many runs, holding at most ``MAX_RUN_KEYS`` keys in
 #: all (the oldest runs are forgotten first; the latest one is always kept).

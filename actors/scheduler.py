@@ -535,6 +535,11 @@ class Scheduler(Actor):
             self._take_in()
         return empty, short
 
+    @property
+    def taking_in(self) -> bool:
+        """Whether graphs or a large release are being taken in (:meth:`_take_in`)."""
+        return bool(self._intake)
+
     @handles(_Intake)
     async def intake(self, msg: _Intake) -> None:
         # The actor yields to the event loop only every so many messages, and this one

@@ -449,6 +449,15 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "longest such stretch (docs/deployment.md#when-workers-come-and-go)",
     )
     mgr.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=50_000,
+        metavar="N",
+        help="run Python's garbage collector after N new container objects instead of "
+        "its 700 (default: 50000): full collections over a large run's objects hold the "
+        "manager's event loop, for seconds at 100,000s of tasks (docs/deployment.md)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -886,6 +895,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         Gateway,
         Tokens,
         check_client_timeout,
+        check_gc_threshold,
         check_reconnect_timeout,
         check_worker_timeout,
         run_manager,
@@ -898,6 +908,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     check_worker_timeout(args.worker_timeout, "--worker-timeout")
     check_client_timeout(args.client_timeout, "--client-timeout")
     check_reconnect_timeout(args.reconnect_timeout, "--reconnect-timeout")
+    check_gc_threshold(args.gc_threshold, "--gc-threshold")
     if args.monitoring_interval <= 0:
         raise ValueError("--monitoring-interval must be positive")
     keep = None
@@ -959,7 +970,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
             reconnect_timeout=args.reconnect_timeout, keep_tokens=args.keep_tokens,
             on_gateway=gateways.append, scheduler=scheduler, config_file=args.config,
-            sources=_manager_sources(args),
+            sources=_manager_sources(args), gc_threshold=args.gc_threshold,
         ),
         backend="asyncio",
     )  # fmt: skip
@@ -979,6 +990,7 @@ _MANAGER_FLAGS = {
     "tls_key": "manager.tls_key", "tls_ca": "manager.tls_ca",
     "prune_depth": "scheduler.prune_depth", "long_task": "scheduler.long_task",
     "unknown_long": "scheduler.unknown_long", "alertmanager": "alerting.alertmanager",
+    "gc_threshold": "manager.gc_threshold",
 }  # fmt: skip
 
 

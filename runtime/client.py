@@ -19,7 +19,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import gc
 import importlib
 import inspect
 import itertools
@@ -41,7 +40,8 @@ from dask.utils import funcname
 from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.autoscaler_state import check_blocks, policy_failing_text
-from actors.manager import THREAD_THRESHOLD, GatherResult, Manager
+from actors.manager import GC_THRESHOLD as GC_THRESHOLD  # (Cluster(gc_threshold=GC_THRESHOLD))
+from actors.manager import THREAD_THRESHOLD, GatherResult, GcTuning, Manager
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
@@ -207,56 +207,6 @@ def _port(port: object, processes: object) -> int:
 
 
 # ----------------------------------------------------------------------------- gc
-
-#: The garbage collector's first-generation threshold to ask for on large graphs:
-#: ``Cluster(gc_threshold=GC_THRESHOLD)``. Not the default: see :class:`GcTuning`.
-GC_THRESHOLD = 50_000
-
-
-class GcTuning:
-    """Raise the garbage collector's first-generation threshold while clusters run, when
-    a cluster is asked to (``gc_threshold``; off by default, since the threshold belongs
-    to the whole process, not to a library running in it).
-
-    A scheduler makes several small container objects per task (task states, graph
-    nodes, records). With Python's default threshold of 700, collections then run so
-    often that they take about half of the scheduler's time on graphs of 20,000 tasks
-    (measured: 35 µs against 18 µs per task in the scheduler core). The threshold is
-    process-wide: it is raised when the first cluster starts, only if it is lower, and
-    restored when the last one stops. Reference counting still frees everything that
-    is not in a cycle at once; only cycles live a little longer.
-    """
-
-    _depth = 0
-    _saved: tuple[int, int, int] | None = None
-    _lock = threading.Lock()
-
-    def __init__(self, threshold: int | None) -> None:
-        self.threshold = threshold
-        self.active = False
-
-    def enter(self) -> None:
-        if self.threshold is None or self.active:
-            return
-        with GcTuning._lock:
-            if GcTuning._depth == 0:
-                current = gc.get_threshold()
-                if current[0] < self.threshold:
-                    GcTuning._saved = current
-                    gc.set_threshold(self.threshold, *current[1:])
-            GcTuning._depth += 1
-        self.active = True
-
-    def exit(self) -> None:
-        if not self.active:
-            return
-        self.active = False
-        with GcTuning._lock:
-            GcTuning._depth -= 1
-            if GcTuning._depth == 0 and GcTuning._saved is not None:
-                gc.set_threshold(*GcTuning._saved)
-                GcTuning._saved = None
-
 
 # ----------------------------------------------------------------------------- futures
 

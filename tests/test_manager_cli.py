@@ -100,6 +100,7 @@ def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
         (["--reconnect-timeout", "-1"], "error: ValueError: --reconnect-timeout must be a "),
         (["--reconnect-timeout", "inf"], "error: ValueError: --reconnect-timeout must be a "),
         (["--reconnect-timeout", "nan"], "error: ValueError: --reconnect-timeout must be a "),
+        (["--gc-threshold", "0"], "error: ValueError: --gc-threshold must be a whole number"),
     ],
 )
 def test_a_bad_option_is_refused_before_anything_is_created(
