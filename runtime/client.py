@@ -598,6 +598,30 @@ class _FuncToken:
 _SUBMIT_SETTINGS = ("key", "priority", "retries", "resources", "pool", "timeout")
 
 
+#: a submission of at least this many tasks is logged at INFO as it goes to the manager
+#: and once the manager has taken it in, and a ``map`` of as many items once it has made
+#: its tasks (a ``map`` of 300,000 items blocked its caller 13-25 s, and a run's first
+#: result came 25-60 s later, with nothing said meanwhile)
+LOG_SUBMISSION = 10_000
+
+
+def _sending(n: int) -> float | None:
+    """Log a large submission of ``n`` tasks as it goes; its start (None: not logged)."""
+    if n < LOG_SUBMISSION:
+        return None
+    _log.info("sending a large submission to the manager", tasks=n)
+    return time.monotonic()
+
+
+def _taken_in(n: int, began: float | None) -> None:
+    """Log that the manager took in a submission :func:`_sending` logged."""
+    if began is not None:
+        _log.info(
+            "the manager took in the submission", tasks=n,
+            seconds=round(time.monotonic() - began, 1),
+        )  # fmt: skip
+
+
 async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
     """What to ask ``manager`` for ``request``: the request itself, or, to a manager in
     another process, a graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more
@@ -890,7 +914,9 @@ class ClientActor(Actor):
                     dict(opts.resources) or None, opts.pool, opts.timeout,
                 )  # fmt: skip
                 try:
+                    began = _sending(len(graph))
                     reply = await self.manager.ask(await _for_manager(self.manager, request))
+                    _taken_in(len(graph), began)
                     self.sent(graph, reply)
                     _told_of(reply)
                     break
@@ -2408,11 +2434,18 @@ class Cluster:
         _refuse_dask_only(func, kwargs)
         named: Any = None
         futures = []
+        began = time.monotonic()
         for items in zip(*iterables, strict=False):
             if named is None:  # once, and not for an empty map (nor tokenized if impure)
                 opts = _task_options(func, key, **settings)
                 named = _FuncToken(func) if pure else func
             futures.append(self._submit_call(func, named, items, kwargs, key, pure, opts))
+        if len(futures) >= LOG_SUBMISSION:
+            _log.info(
+                "map made its tasks; they go to the manager next", tasks=len(futures),
+                seconds=round(time.monotonic() - began, 1),
+                **({"hint": "pure=False skips hashing each item's arguments"} if pure else {}),
+            )  # fmt: skip
         return futures
 
     def _keys_of(self, futures: Any, method: str) -> list[Key]:
@@ -2523,9 +2556,11 @@ class Cluster:
                 pool=opts.pool,
                 timeout=opts.timeout,
             )
+            began = _sending(len(graph))
             reply = await self._manager.ask(
                 await _for_manager(self._manager, request), timeout=None
             )
+            _taken_in(len(graph), began)
         except FrameTooLarge as exc:
             size, limit = exc.fields["size"], exc.fields["limit"]
             raise GraphError(

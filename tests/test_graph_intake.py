@@ -572,6 +572,41 @@ async def test_a_cancel_during_the_intake_is_carried_out_at_once(
             assert states <= {"cancelled", "memory", "released"}, states
 
 
+@pytest.mark.anyio
+async def test_a_large_submission_is_logged_as_it_goes_and_once_taken_in(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scale audit: a ``map`` of 300,000 items blocked its caller for 13-25 s and the
+    client said nothing at INFO during the whole run. Now a large ``map`` says when it
+    made its tasks, and a large submission when it goes and when the manager took it in,
+    with counts and seconds; a small one says nothing."""
+    import logging
+
+    import runtime.client
+
+    monkeypatch.setattr(runtime.client, "LOG_SUBMISSION", 50)
+    caplog.set_level(logging.INFO, logger="corral")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name.startswith("corral.client")]
+
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            assert await cluster.gather(cluster.map(inc, range(10))) == list(range(1, 11))
+            assert said() == []
+            futures = cluster.map(inc, range(100, 160))  # (new keys: all 60 are sent)
+            (made,) = said()
+            assert "map made its tasks" in made and "tasks=60" in made and "seconds=" in made
+            assert "pure=False" in made
+            assert await cluster.gather(futures) == list(range(101, 161))
+            sending, taken = said()[1:]
+            assert "sending a large submission to the manager" in sending and "tasks=60" in sending
+            assert "the manager took in the submission" in taken and "tasks=60" in taken
+            assert "seconds=" in taken
+            await cluster.compute(*chains(20, 3))  # 60 tasks through compute
+            assert len(said()) == 5 and "took in" in said()[-1]
+
+
 # -- a large release ---------------------------------------------------------------------
 
 
