@@ -2556,11 +2556,12 @@ class Cluster:
                 pool=opts.pool,
                 timeout=opts.timeout,
             )
-            began = _sending(len(graph))
+            n = len(graph) if isinstance(graph, Sized) else 0  # (a dask expression: not known)
+            began = _sending(n)
             reply = await self._manager.ask(
                 await _for_manager(self._manager, request), timeout=None
             )
-            _taken_in(len(graph), began)
+            _taken_in(n, began)
         except FrameTooLarge as exc:
             size, limit = exc.fields["size"], exc.fields["limit"]
             raise GraphError(
