@@ -16,7 +16,8 @@ keys are let go). Printed: ``map()``'s seconds, the last result's, the manager's
 (``/proc/PID/status``) at its peak and ``--after`` seconds after the close, and per
 phase (the run; the close and the ``--after`` seconds after it) the loop's worst stall,
 its stalls over 1 s, and the full collections (count, longest, their sum); then the
-manager's log line of its give-back after the run, if it logged one.
+manager's log line of its give-back after the run, if it logged one (the manager runs
+with ``--log-level info``).
 
 Ports: ``--port`` (the manager's) and ``--port-range`` (the workers') on 127.0.0.1.
 """

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hmac
 import json
 import math
@@ -300,23 +301,45 @@ def check_gc_threshold(value: object, name: str = "gc_threshold") -> int | None:
 TRIM_AFTER = 10_000
 TRIM_BELOW = 1_000
 TRIM_CHECK = 5.0
+#: A manager process keeps a large run's objects out of the garbage collector's full
+#: collections, each of which walked them all and held the event loop (4 s at 100,000
+#: tasks, past 10 s at 300,000: the workers' limit): once a graph of :data:`TRIM_AFTER`
+#: tasks or more is in, ``gc.freeze()`` (the collector skips every object alive then;
+#: reference counting still frees them as usual), and ``gc.unfreeze()`` at the
+#: give-back, or once this many more tasks were taken in without one (a manager never
+#: idle: the collector takes them up again, so that cycles among them are not kept).
+FREEZE_SPAN = 100_000
 
 
 async def _give_back(
     scheduler: Scheduler, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """A manager process's service: give memory back after each large run
-    (:data:`TRIM_AFTER`), off the hot path (nothing wanted then), and say so."""
+    """A manager process's service: once a large graph is in, freeze the objects alive
+    (:data:`FREEZE_SPAN`); give memory back after each large run (:data:`TRIM_AFTER`),
+    off the hot path (nothing wanted then), and say so."""
     task_status.started()
-    since = scheduler.state.created
+    # the scheduler's count of tasks taken in at the last give-back, at the last freeze
+    # (or unfreeze), and at the first freeze since the last unfreeze (None: none)
+    since = frozen = scheduler.state.created
+    first: int | None = None
     while True:
         await anyio.sleep(TRIM_CHECK)
         state = scheduler.state
-        if state.created - since < TRIM_AFTER or len(state.tasks) >= TRIM_BELOW:
-            continue
         if scheduler.taking_in:
             continue
-        tasks, since = state.created - since, state.created
+        created = state.created
+        if len(state.tasks) >= TRIM_BELOW:  # a run goes on
+            if first is not None and created - first >= FREEZE_SPAN:
+                gc.unfreeze()
+                frozen, first = created, None
+            elif created - frozen >= TRIM_AFTER:
+                gc.freeze()
+                frozen, first = created, created if first is None else first
+            continue
+        if created - since < TRIM_AFTER and first is None:
+            continue
+        gc.unfreeze()
+        tasks, since, frozen, first = created - since, created, created, None
         before, began = process_figures()["rss"], time.perf_counter()
         trimmed = trim_memory()
         _log.info(
