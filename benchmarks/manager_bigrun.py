@@ -157,9 +157,43 @@ def show(phase: str, p: dict[str, Any], t0: float) -> None:
     )
 
 
+async def cancelled(args: argparse.Namespace, address: str) -> None:
+    """``--cancel``: the scale audit's finding 2. ``map`` of ``--tasks``, then, once the
+    manager has every key (``status()["wanted_keys"]``, while its scheduler still takes
+    the graph in), ``cancel`` of them all; how long until every future is settled, and
+    how many tasks finished after the cancel."""
+    from runtime import Cluster
+    from runtime.errors import CancelledError
+
+    async with Cluster(address) as c:
+        futures = c.map(inc, range(args.tasks))
+        for _ in range(3000):  # (polled: at most 5 minutes)
+            if (await c.status())["wanted_keys"] >= args.tasks:
+                break
+            await asyncio.sleep(0.1)
+        before = sum(f.status == "finished" for f in futures)
+        began = time.monotonic()
+        await c.cancel(futures)
+        returned = time.monotonic() - began
+        ok = stopped = 0
+        async for f in c.as_completed(futures):
+            try:
+                await f
+                ok += 1
+            except CancelledError:
+                stopped += 1
+        settled = time.monotonic() - began
+    print(f"cancel() returned {returned:.2f} s; every future settled {settled:.1f} s after "
+          f"the cancel; {stopped} cancelled, {ok - before} finished after the cancel "
+          f"({before} before it)", flush=True)  # fmt: skip
+
+
 async def drive(args: argparse.Namespace, address: str, pid: int, outdir: Path) -> None:
     from runtime import Cluster
 
+    if args.cancel:
+        await cancelled(args, address)
+        return
     peak = Peak(pid)
     print(f"manager RSS before: {rss_mb(pid):.0f} MB", flush=True)
     t0 = time.time()
@@ -194,6 +228,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=59510, help="the manager's port")
     parser.add_argument("--port-range", default="59520-59599", help="the workers' ports")
     parser.add_argument("--manager-flags", default="", help="more flags for the manager")
+    parser.add_argument("--cancel", action="store_true", help="cancel the run during its intake")
     args = parser.parse_args()
     from runtime.cli_processes import TREE, Cli
 
