@@ -1897,7 +1897,8 @@ class Gateway:
                 # again at its next call, in the cell that makes it.
                 if len(self.plane.stalls) >= STALLS_KEPT:
                     del self.plane.stalls[0]
-                self.plane.stalls.append({**record, "at": time.strftime("%H:%M:%S UTC")})
+                at = time.strftime("%H:%M:%S UTC", time.gmtime())  # not localtime()
+                self.plane.stalls.append({**record, "at": at})
 
     def stall_record(self, seconds: float) -> dict[str, Any]:
         """The fields of the manager's ``event loop blocked`` record for a stall of

@@ -173,3 +173,45 @@ async def test_a_port_that_takes_connections() -> None:
         assert not await port_takes_connections(f"ws://127.0.0.1:{PORT + 1}")
         assert not await port_takes_connections("inproc://x")
         assert not await port_takes_connections("ws://127.0.0.1")  # no port
+
+
+@pytest.fixture
+def away_from_utc() -> Any:
+    """This process's local time is UTC+5:45 (a POSIX zone: no tz database needed)."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "XYZ-5:45"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+
+
+async def test_a_stall_kept_for_the_next_call_says_when_in_utc(
+    away_from_utc: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's stall record kept for an embedded Cluster's next call has ``at``:
+    when its loop ran again, ``HH:MM:SS UTC``. It was local time labelled UTC, off by
+    5:45 here. The gateway's watch warns from 0.3 s of stall (not 5) to keep this fast."""
+    from runtime.kernel import ActorSystem
+    from runtime.node import Gateway, start_control_plane
+
+    monkeypatch.setattr(runtime.node, "LOOP_BLOCKED_WARN", 0.3)
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system)
+            gateway = Gateway(plane, heartbeat=0.1)
+            await system.start_service(gateway.watch_loop)
+            await anyio.sleep(0.2)
+            before = time.time()
+            time.sleep(0.6)  # noqa: ASYNC251 - the stall under test
+            (kept,) = await wait_until(lambda: plane.stalls)
+            after = time.time()
+    assert kept["seconds"] >= 0.3
+    seconds = range(int(before), int(after) + 1)
+    utc = {time.strftime("%H:%M:%S UTC", time.gmtime(t)) for t in seconds}
+    assert kept["at"] in utc, (kept["at"], utc, time.strftime("%H:%M:%S %Z"))
