@@ -1748,6 +1748,14 @@ class Cluster:
         """
         if self._system is not None:
             raise CorralError("this cluster is already running")
+        self._starting = True
+        try:
+            await self._start_system()
+        finally:
+            self._starting = False
+
+    async def _start_system(self) -> None:
+        """:meth:`start`'s work, while it shows as ``starting``."""
         if self.address is None and self._closed != "runtime.get":
             _warn_running(self)
         # what this start imports beyond this module's imports: in a thread, so that the
@@ -2216,6 +2224,8 @@ class Cluster:
     _ended = False
     #: why its latest start failed (its error's type and first line; "": it did not)
     _start_failed = ""
+    #: start() is under way (its actors and workers are not all there yet)
+    _starting = False
 
     def _require(self) -> None:
         stalls = getattr(getattr(self, "_plane", None), "stalls", None)
@@ -2286,10 +2296,14 @@ class Cluster:
         return urlsplit(gateway).port if gateway and self._system is not None else None
 
     def _now(self) -> tuple[str, list[tuple[str, str]]]:
-        """Its state (``running``, ``not started``, ``start failed``, ``closed``) and
-        what to show of it, as (label, text) rows: where it runs, its workers, its
-        tasks by state, its dashboard (without its token); read from the scheduler in
-        this process, so of a client of a manager process only the address."""
+        """Its state (``running``, ``starting``, ``not started``, ``start failed``,
+        ``closed``) and what to show of it, as (label, text) rows: where it runs, its
+        workers, its tasks by state, its dashboard (without its token); read from the
+        scheduler in this process, so of a client of a manager process only the
+        address. It never raises: a repr is taken anywhere (a log, a debugger, a
+        notebook showing a cluster whose start is under way in a task)."""
+        if self._starting:  # its actors are not all there yet
+            return "starting", [("address", self.address)] if self.address else []
         if self._system is None:
             if self._ended:
                 return "closed", []

@@ -149,6 +149,56 @@ async def test_the_repr_says_workers_tasks_and_where_the_dashboard_is() -> None:
     assert cluster.dashboard_link is None
 
 
+@pytest.mark.anyio
+async def test_the_repr_never_raises_while_a_start_is_under_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 1206e F6: between the start of the cluster's actor system and its last
+    step (seconds, while worker processes start) the repr read the scheduler and client
+    actors, which are not there yet, and raised AttributeError: a notebook showing a
+    cluster whose start runs in a task, a debugger, a log. It says ``starting``: taken
+    at that last step here (the real one runs after it), once in a start made to fail
+    there and once in the start that follows."""
+    shown: list[str] = []
+    real = Cluster._finish_start
+
+    async def finish(self: Cluster, system: object, plane: object) -> None:
+        shown.append(repr(self))
+        if len(shown) == 1:
+            raise OSError("the first start fails here")
+        await real(self, system, plane)
+
+    monkeypatch.setattr(Cluster, "_finish_start", finish)
+    cluster = Cluster(workers=1)
+    assert repr(cluster) == "<Cluster not started: start `await cluster.start()`>"
+    with anyio.fail_after(LIMIT):
+        with pytest.raises(OSError, match="the first start fails here"):
+            await cluster.start()
+        assert shown == ["<Cluster starting>"]
+        assert repr(cluster) == (
+            "<Cluster start failed: error OSError: the first start fails here; next remove "
+            "the cause and `await cluster.start()` again, or drop it>"
+        )
+        async with cluster:
+            assert shown == ["<Cluster starting>", "<Cluster starting>"]
+            await cluster.wait_for_workers(1, timeout=LIMIT)
+            assert repr(cluster).startswith("<Cluster running: address in-process; workers 1:")
+            assert "<strong>Corral Cluster</strong> running" in cluster._repr_html_()
+    assert repr(cluster) == "<Cluster closed>"
+
+    # A client of a manager process: starting while it joins (it said running).
+    async def connect(self: Cluster, system: object, address: str) -> None:
+        shown.append(repr(self))
+        raise ConnectionRefusedError(f"nothing at {address} (none is started here)")
+
+    monkeypatch.setattr(Cluster, "_connect", connect)
+    client = Cluster(address="ws://127.0.0.1:62001")
+    with anyio.fail_after(LIMIT), pytest.raises(ConnectionRefusedError):
+        await client.start()
+    assert shown[-1] == "<Cluster starting: address ws://127.0.0.1:62001>"
+    assert repr(client).startswith("<Cluster start failed: error ConnectionRefusedError:")
+
+
 def _get(url: str, **headers: str) -> tuple[int, str]:
     """GET ``url`` as a browser does (its cookies kept across the redirect)."""
     opener = urllib.request.build_opener(
