@@ -31,6 +31,7 @@ __all__ = [
     "ConnectionClosed",
     "ConsoleError",
     "CorralError",
+    "CorralHomeDenied",
     "CorralHomeError",
     "CycleError",
     "DaskOnlyArgument",
@@ -1891,6 +1892,29 @@ class CorralHomeError(CorralError, NotADirectoryError):
             f"and console history there. {fix}"
         )
         super().__init__(text, path=path, blocker=blocker, variable=variable)
+
+
+class CorralHomeDenied(CorralHomeError, PermissionError):
+    """Corral's directory of the user's (``$CORRAL_HOME``, else ``~/.corral``) lies under
+    a directory (``blocker``) this user may not enter (no search permission), so it
+    cannot be read or made. Also a ``PermissionError``, what reaching it raised before;
+    ``uid``: the user's id."""
+
+    def __init__(self, path: str, blocker: str, variable: bool, uid: int) -> None:
+        who = f"CORRAL_HOME={path!r}" if variable else f"Corral's directory {path}"
+        fix = (
+            "Set CORRAL_HOME to a directory this user may reach (one that does not exist "
+            "yet is made), or unset it for ~/.corral"
+            if variable
+            else "Set CORRAL_HOME to a directory this user may reach"
+        )
+        text = (
+            f"{who} is under {blocker}, which this user (uid {uid}) may not enter: Corral "
+            "keeps its token files, run directories and console history there. "
+            f"{fix}; or let this user enter {blocker} (chmod u+x, g+x or o+x, whichever "
+            "applies to it)"
+        )
+        CorralError.__init__(self, text, path=path, blocker=blocker, variable=variable, uid=uid)
 
 
 class TokenFileError(CorralError, ValueError):

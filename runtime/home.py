@@ -9,9 +9,10 @@ directories Corral makes in it.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
-from runtime.errors import CorralHomeError
+from runtime.errors import CorralHomeDenied, CorralHomeError
 
 __all__ = ["corral_home", "private_dir"]
 
@@ -19,14 +20,24 @@ __all__ = ["corral_home", "private_dir"]
 def corral_home() -> Path:
     """``$CORRAL_HOME`` if set (and not empty), else ``~/.corral``;
     :class:`~runtime.errors.CorralHomeError` if it is a file or under one (it could not
-    be made a directory), naming the variable and what to set."""
+    be made a directory), :class:`~runtime.errors.CorralHomeDenied` if it is under a
+    directory this user may not enter, naming the variable and what to set."""
     given = os.environ.get("CORRAL_HOME")
     home = Path(given or Path.home() / ".corral")
+    denied = False
     for path in (home, *home.parents):  # the nearest that exists must be a directory
-        if path.is_dir():
+        try:
+            mode = path.stat().st_mode
+        except PermissionError:  # a directory above it may not be entered: which one?
+            denied = True
+            continue
+        except OSError:  # not there (or under a file, or a symlink loop): the one above
+            continue
+        if denied:  # the nearest this user reaches: the one it may not enter
+            raise CorralHomeDenied(str(home), str(path), bool(given), os.geteuid())
+        if stat.S_ISDIR(mode):
             break
-        if path.exists():
-            raise CorralHomeError(str(home), str(path), bool(given))
+        raise CorralHomeError(str(home), str(path), bool(given))
     return home
 
 

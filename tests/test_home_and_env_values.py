@@ -12,15 +12,19 @@ listens on the ports they name (this module's range: 59030-59039).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runtime import Cluster
-from runtime.errors import CorralError, CorralHomeError
+from runtime.errors import CorralError, CorralHomeDenied, CorralHomeError
 from runtime.home import corral_home
 from runtime.log import json_lines
 from tests.test_preflight import ROOT
@@ -64,6 +68,62 @@ def test_corral_home_at_a_file_names_the_variable(
         default.value
     )
     assert default.value.variable is False
+
+
+@contextlib.contextmanager
+def as_nobody() -> Iterator[None]:
+    """Run the block as a user with no rights to root's directories: root may enter
+    any directory, so a test running as root runs its call as ``nobody`` (65534, the
+    effective user id only: root's is taken back at the end). Nothing is imported in
+    the block (nobody may not read the interpreter's files)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_corral_home_under_a_directory_this_user_may_not_enter_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 1206e F8: on Python 3.11 ``Path.is_dir`` raises ``PermissionError`` for a
+    path under a directory the user may not enter, so ``corral_home()`` (read at every
+    token lookup) raised it bare, on every call. It is a ``CorralHomeDenied`` (a
+    ``CorralHomeError``, and a ``PermissionError`` as before) naming that directory and
+    what to do. A real directory of mode 000 (under one of mode 711 in /tmp, which the
+    user may enter)."""
+    base = Path(tempfile.mkdtemp(prefix="corral-home-"))
+    locked = base / "locked"
+    try:
+        base.chmod(0o711)
+        locked.mkdir(mode=0o000)
+        monkeypatch.setenv("CORRAL_HOME", str(locked / "sub" / "corral"))
+        with as_nobody():
+            uid = os.geteuid()
+            try:
+                corral_home()
+            except CorralHomeDenied as caught:
+                err = caught
+            else:
+                raise AssertionError("corral_home() took a path this user may not reach")
+        assert isinstance(err, PermissionError) and isinstance(err, CorralHomeError)
+        assert str(err) == (
+            f"CORRAL_HOME={str(locked / 'sub' / 'corral')!r} is under {locked}, which this "
+            f"user (uid {uid}) may not enter: Corral keeps its token files, run directories "
+            "and console history there. Set CORRAL_HOME to a directory this user may reach "
+            "(one that does not exist yet is made), or unset it for ~/.corral; or let this "
+            f"user enter {locked} (chmod u+x, g+x or o+x, whichever applies to it)"
+        )
+        assert (err.blocker, err.variable) == (str(locked), True)
+        locked.chmod(0o700)  # the owner (this user, when not root) may enter it now
+        if uid == os.geteuid():
+            assert corral_home() == locked / "sub" / "corral"
+    finally:
+        locked.chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_the_console_says_which_variable_to_set(tmp_path: Path) -> None:
