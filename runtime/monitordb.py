@@ -1240,7 +1240,8 @@ class MonitorRecorder(Actor):
         #: poll, written then as one row
         self._tasks: dict[str, list[Any]] = {}
         #: key -> ``Type: message`` of its latest failed try, while it has not ended:
-        #: its ``tasks.error`` if it errs next (it failed for good)
+        #: its ``tasks.error`` if it errs next (it failed for good); emptied when feed
+        #: entries were lost (their tasks' ends with them)
         self._failed: dict[Any, str] = {}
         self._lock = anyio.Lock()
 
@@ -1365,6 +1366,9 @@ class MonitorRecorder(Actor):
             last = reply
             if reply.lost:
                 self.feed_lost += reply.lost
+                # The lost entries may have ended tasks with a failed try: their errors
+                # would be kept for the run (a task that errs after this has none).
+                self._failed.clear()
                 rows.add("event", _GAP, (self.run_id, now, "scheduler", reply.lost))
                 _log.warning("monitoring: feed entries lost between polls", lost=reply.lost)
             self.seq = reply.next
@@ -1449,6 +1453,7 @@ class MonitorRecorder(Actor):
                             t[12], t[13], t[14] = None, failed, None
                     elif finish == "released":  # its output released: nothing needs it
                         t[6], t[11] = finish, at
+                        self._failed.pop(key, None)  # (it may be forgotten next)
                     elif finish in ("waiting", "queued", "processing"):
                         if t[5] is None and t[11] is None:
                             t[6] = finish

@@ -1172,6 +1172,48 @@ async def test_a_task_that_failed_for_good_has_its_last_try_s_error_in_its_row(
 
 
 @pytest.mark.anyio
+async def test_the_errors_kept_for_tasks_not_ended_go_with_the_tasks_or_a_gap(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Review 1206e F9: the recorder keeps a task's failed try's error until the task
+    ends (its row's error if it errs). A task whose end it never reads kept it for the
+    run: a long-lived manager's dict grew. Its end lost in a feed overflow (a burst
+    past ``feed_length`` between two reads): the gap empties it. Its output released:
+    nothing is kept either (the scheduler says ``memory`` before, which did too)."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True, feed_length=4)
+    recorder, writer = _recorder(db, s)
+    _at(s, WorkerJoined, T0, worker="w1", cores=4, memory=GB)
+    specs = specs_for(s, {"a": []}, ["a"], attrs={"a": {"retries": 1}})
+    _at(s, GraphSubmitted, T0 + 1, specs=specs, wanted=("a",))
+    _done(s, "w1", "a", T0 + 2, "error", error=ValueError("first"))
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+        assert recorder._failed == {"a": "ValueError: first"}  # its retry runs
+        _done(s, "w1", "a", T0 + 3)  # it ends (memory) ...
+        many = [f"b-{i}" for i in range(8)]  # ... in a burst past what the feed holds
+        _at(s, GraphSubmitted, T0 + 4, specs=specs_for(s, {k: [] for k in many}, many),
+            wanted=tuple(many))  # fmt: skip
+        for i, k in enumerate(many):
+            _done(s, "w1", k, T0 + 5 + i)
+        await recorder.poll()
+        assert recorder.feed_lost > 0
+        assert recorder._failed == {}
+        # Released: a try failed, then the output went (what the feed says is fed here).
+        reply = MonitorFeedReply(
+            ((T0 + 20, [
+                ("try", "c", "c", "w1", 1, T0 + 19, T0 + 19, T0 + 20, "error", None,
+                 None, 0, T0 + 19, "error", None, None, None),
+                ("state", "c", "released", "c", None, None, ""),
+            ]),), recorder.seq + 1, 0, WALL, {}, 4,
+        )  # fmt: skip
+        recorder._scheduler = lambda: cast(Any, _Ref(lambda msg: reply))
+        await recorder.poll()
+        assert recorder._failed == {}
+    writer.close()
+
+
+@pytest.mark.anyio
 async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
 ) -> None:
