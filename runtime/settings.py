@@ -10,10 +10,12 @@ structured ``configuration`` log line's fields. The manager logs them once as it
 starts and answers them in ``status()["config"]`` (the console's ``config``;
 docs/configuration.md#the-configuration-in-force).
 
-Tokens never appear: a manager's tokens are not settings; a URL's password and a
-``token`` in its query are masked, and so are the values of variables named like a
-secret (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*KEY*``) in a Slurm pool's
-``worker_init``. Pure: no I/O but reading the configuration file again.
+Tokens never appear: a manager's tokens are not settings; a URL's user part (its
+password, or a user part alone: ``https://TOKEN@host``) and a ``token`` in its query
+are masked, and so are, in a Slurm pool's ``worker_init``, the values of variables and
+command-line options named like a secret (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
+``*KEY*``: ``API_TOKEN=x``, ``--password x``) and its URLs' user parts. Pure: no I/O
+but reading the configuration file again.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ _SIZES = {"memory_per_worker", "disk_per_worker", "memory_options.disk_limit",
 MASK = "***"
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY)", re.I)
 _ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S*)")
+#: a command-line option and its value as the next word (``--token abc``); ``--token=abc``
+#: is an assignment (above); a next word that starts with ``-`` is another option
+_OPTION = re.compile(r"(?<!\S)(--?[A-Za-z][A-Za-z0-9_-]*)(\s+)(\"[^\"]*\"|'[^']*'|[^\s-]\S*)")
+#: a URL's user part (``https://TOKEN@host``, ``https://user:password@host``)
+_URL_USER = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/\s@'\"]+)@")
 
 
 def _size(n: int) -> str:
@@ -90,12 +97,19 @@ def _quoted(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else value_text(value)
 
 
+def _masked_user(user: str) -> str:
+    """A URL's user part masked: ``user:***`` for a user and password, else ``***``
+    (a user part alone is often a token: ``https://TOKEN@host``)."""
+    name, colon, _ = user.partition(":")
+    return f"{name}:{MASK}" if colon else MASK
+
+
 def masked_url(url: str) -> str:
-    """``url`` with its password and any ``token`` in its query masked."""
+    """``url`` with its user part (:func:`_masked_user`) and any ``token`` in its query
+    masked."""
     parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", f":{MASK}@", 1)
+    user, at, host = parts.netloc.rpartition("@")
+    netloc = f"{_masked_user(user)}@{host}" if at else parts.netloc
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -104,16 +118,22 @@ def masked_url(url: str) -> str:
 
 
 def masked_shell(text: str) -> str:
-    """Shell lines with the values of variables named like a secret masked
-    (``export API_TOKEN=abc`` -> ``export API_TOKEN=***``), as one line (``; ``)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(
-        _ASSIGNMENT.sub(
-            lambda m: f"{m.group(1)}={MASK}" if _SECRET_NAME.search(m.group(1)) else m.group(0),
-            line,
-        )
-        for line in lines
-    )
+    """Shell lines with the values of variables and options named like a secret
+    masked (``export API_TOKEN=abc`` -> ``export API_TOKEN=***``, ``--password abc``
+    -> ``--password ***``) and so are URLs' user parts (``https://***@host``), as one
+    line (``; ``)."""
+
+    def secret(m: re.Match[str], *, option: bool = False) -> str:
+        if not _SECRET_NAME.search(m.group(1)):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}{MASK}" if option else f"{m.group(1)}={MASK}"
+
+    def masked(line: str) -> str:
+        line = _URL_USER.sub(lambda m: f"{m.group(1)}{_masked_user(m.group(2))}@", line)
+        line = _ASSIGNMENT.sub(secret, line)
+        return _OPTION.sub(lambda m: secret(m, option=True), line)
+
+    return "; ".join(masked(line.strip()) for line in text.splitlines() if line.strip())
 
 
 def file_sources(path: str | os.PathLike[str] | None) -> dict[str, str]:

@@ -260,6 +260,34 @@ def test_the_rows_say_each_setting_after_the_defaults_and_where_it_came_from(
     assert fields["manager"]["worker_timeout"] == "10"
 
 
+def test_a_token_as_a_url_s_user_or_an_option_s_value_is_masked() -> None:
+    """Review 1206e: the configuration in force still showed a token as a URL's user part
+    (``https://TOKEN@host``) and as the value of ``--password X`` / ``--token X`` in a
+    Slurm pool's ``worker_init``. Each is ``***``; names and options that are not
+    secrets, and an option followed by another option, are shown as they are."""
+    init = (
+        "pip install git+https://ghp_hush1@github.com/org/lib.git\n"
+        "mytool --password hush2 --token 'hush 3' --verbose --api-key=hush4 -n 2\n"
+        "login --token --verbose\n"
+        "curl https://ops:hush5@files.example/x -o out"
+    )
+    pools = pools_from_dicts({"hpc": {"provider": "slurm", "worker_init": init}})
+    alerting = alerting_config({"alertmanager": "https://hush6@am.example:9093/"})
+    rows = manager_settings(
+        manager=[], pools=pools, scheduler=SchedulerConfig(), alerting=alerting,
+        policies={}, sources={},
+    )  # fmt: skip
+    by = {(r.section, r.key): r.value for r in rows}
+    assert by[("pools.hpc", "worker_init")] == (
+        "pip install git+https://***@github.com/org/lib.git; "
+        "mytool --password *** --token *** --verbose --api-key=*** -n 2; "
+        "login --token --verbose; "
+        "curl https://ops:***@files.example/x -o out"
+    )
+    assert by[("alerting", "alertmanager")] == "https://***@am.example:9093/"
+    assert not any("hush" in r.value for r in rows)
+
+
 def test_a_slurm_pool_without_worker_init_has_a_row_of_none() -> None:
     # (a manager with such a pool stopped at start: masked_shell(None), CI's Slurm tests)
     pools = pools_from_dicts({"hpc": {"provider": "slurm", "max_blocks": 2}})
