@@ -223,17 +223,21 @@ class KeptFiles:
     benchmarks/README.md, ``descendants_cost.py``). A descriptor of a /proc file
     stays bound to its process: once that process is gone it reads nothing, never a
     process that took its number. Thread-safe; :meth:`keep_only` closes those no longer
-    read, :meth:`close` all."""
+    read, :meth:`close` all (after which every read is None: nothing is opened again)."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def read(self, path: str) -> bytes | None:
-        """The file's text (its first 64 KiB), or None if it cannot be read (gone)."""
+        """The file's text (its first 64 KiB), or None if it cannot be read (gone), or
+        these files are closed."""
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
+                if self._closed:
+                    return None
                 try:
                     fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
@@ -253,7 +257,14 @@ class KeptFiles:
                 os.close(self._fds.pop(path))
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.keep_only(())
+
+    def __len__(self) -> int:
+        """How many descriptors are open."""
+        with self._lock:
+            return len(self._fds)
 
 
 def _pids(text: bytes | None) -> list[int]:
@@ -852,6 +863,7 @@ class Executor(BaseExecutor):
             self._closed = True
             for _ in self._threads:
                 self._jobs.put(None)
+            self._kept.close()  # (and a later children_rss opens nothing)
         if wait:
             for t in self._threads:
                 if t is not threading.current_thread():
@@ -868,9 +880,15 @@ class Executor(BaseExecutor):
         child under the thread that started it."""
         with self._lock:
             threads = [*self._threads, *self._abandoned, *self._held]
-        if not _PROC_CHILDREN:
+        if not _PROC_CHILDREN or self._closed:
             return 0  # (psutil cannot tell which thread started a child)
-        lists = {f"/proc/self/task/{t.native_id}/children" for t in threads if t.native_id}
+        # Only live threads: an ended thread's file reads nothing, and its number may
+        # be a new thread's
+        lists = {
+            f"/proc/self/task/{t.native_id}/children"
+            for t in threads
+            if t.native_id and t.is_alive()
+        }
         children = [c for path in lists for c in _pids(self._kept.read(path))]
         self._kept.keep_only(lists)
         if not children:

@@ -309,3 +309,26 @@ def test_a_timeout_s_message_says_what_was_stopped() -> None:
     assert stopped.stopped and "was stopped there" in str(stopped)
     assert not given_up.stopped and "not stopped" in str(given_up)
     assert "was stopped there" not in str(given_up)
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_thread_executors_leave_no_descriptor_open_once_shut_down() -> None:
+    """A thread executor keeps a descriptor open per thread (its list of children) for
+    its memory samples: its shutdown closes them, and a sample after it opens none (an
+    embedded cluster that closes leaves none behind)."""
+    await anyio.to_thread.run_sync(rss)  # (anyio's worker thread; rss() keeps its file)
+    before = open_fds()
+    for i in range(5):
+        ex = Executor(4, f"w-fds-{i}", Delivered())
+        assert ex.children_rss() == 0  # (the descriptors are open now)
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
+        assert ex.children_rss() == 0
+    assert open_fds() == before
