@@ -34,7 +34,7 @@ the GIL while they work. Processes cost a pickle copy of every task's inputs and
 killed at the worker's memory *terminate* fence and its try recorded as ``oom`` while
 the worker and the other tasks' results live on. In process mode the RSS a task reports
 is its task process's; :meth:`BaseExecutor.total_rss` is the worker's plus its task
-processes' and that of the programs their tasks started (:func:`tree_rss`); in thread
+processes' and what the programs their tasks started add (:class:`ProgramTree`); in thread
 mode the worker's plus that of the programs started from its threads.
 
 How task processes work: each is started with the ``spawn`` start method (never
@@ -122,6 +122,7 @@ __all__ = [
     "kill_task_processes",
     "no_space",
     "out_of_disk",
+    "program_rss",
     "rss",
     "rss_of",
     "stop_resource_tracker",
@@ -213,8 +214,14 @@ def rss_of(pid: int) -> int:
 #: Whether this system lists a thread's children in /proc/<pid>/task/<tid>/children
 #: (Linux with CONFIG_PROC_CHILDREN, as every major distribution's kernel has it)
 _PROC_CHILDREN = _LINUX and os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
-#: processes under one task process (or the executor's threads) looked at, at most
-_MAX_DESCENDANTS = 1000
+#: processes under one task process (or the executor's threads) looked at, at most (a
+#: tree past it is logged once: :class:`ProgramTree`)
+_MAX_DESCENDANTS = 256
+#: seconds between two walks of a tree's programs, at least (:class:`ProgramTree`)
+_WALK_EVERY = 1.0
+#: the share of the time a tree's walks may take: after a walk of ``t`` seconds the next
+#: comes ``t / _WALK_SHARE`` seconds later if that is more than :data:`_WALK_EVERY`
+_WALK_SHARE = 0.05
 
 
 class KeptFiles:
@@ -319,28 +326,134 @@ def descendants(pid: int, children: list[int] | None = None) -> list[int]:
     return found
 
 
-def tree_rss(pid: int, kept: KeptFiles | None = None) -> int:
-    """Resident set size of process ``pid`` plus that of every process under it
-    (:func:`descendants`: the programs a task running there started), in bytes; 0 if it
-    is gone. Pages the processes share (a forked child's, before it writes them) count
-    once in each. ``kept``: the files of ``pid`` itself (its statm, its threads' lists
-    of children) are read through those descriptors (``pid`` lives long: a task
-    process), those of the processes under it opened for the read."""
-    if kept is None or not _PROC_CHILDREN:
-        return rss_of(pid) + sum(rss_of(child) for child in descendants(pid))
-    statm = kept.read(f"/proc/{pid}/statm")
+def _rollup(pid: int) -> dict[str, int] | None:
+    """The sizes (bytes) of process ``pid``'s /proc/<pid>/smaps_rollup (``Rss``,
+    ``Pss``, ``Anonymous``, ``Pss_Anon`` where the kernel gives it, ...); None if it
+    cannot be read (gone, not Linux, a kernel before 4.14)."""
     try:
-        own = int(statm.split()[1]) * _PAGE if statm else 0
-    except (ValueError, IndexError):
-        own = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            text = f.read()
     except OSError:
-        tids = []
-    lists = [f"/proc/{pid}/task/{tid}/children" for tid in tids]
-    children = [c for path in lists for c in _pids(kept.read(path))]
-    kept.keep_only([f"/proc/{pid}/statm", *lists], f"/proc/{pid}/")
-    return own + sum(rss_of(child) for child in descendants(pid, children))
+        return None
+    sizes: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        name, _, rest = line.partition(b":")
+        with contextlib.suppress(ValueError, IndexError):
+            sizes[name.decode()] = int(rest.split()[0]) * 1024
+    return sizes if "Pss" in sizes else None
+
+
+def program_rss(pid: int, children: list[int] | None = None) -> tuple[int, int]:
+    """What the processes under process ``pid`` (:func:`descendants`, from
+    ``children`` when given) add to its RSS, in bytes, and how many they are.
+
+    Each counts its PSS (``Pss:`` of /proc/<pid>/smaps_rollup: a page shared by ``k``
+    processes counts ``1/k`` in each), less the share of ``pid``'s own anonymous pages
+    they hold (forked children hold their parent's heap until they write it: ``pid``'s
+    RSS counts it whole already). So a task process that loads 2 GiB and forks 8
+    children adds about nothing for them, where their RSS would add 16 GiB; an
+    exec'd program adds what it holds. Where PSS cannot be read, RSS (which counts
+    pages shared once in each process)."""
+    procs = descendants(pid, children)
+    if not procs:
+        return 0, 0
+    total = 0
+    for child in procs:
+        sizes = _rollup(child)
+        total += sizes["Pss"] if sizes is not None else rss_of(child)
+    own = _rollup(pid)
+    if own is not None:
+        if "Pss_Anon" in own and "Anonymous" in own:  # (Linux 5.9 on)
+            total -= own["Anonymous"] - own["Pss_Anon"]
+        elif "Rss" in own:  # its pages the others hold a share of, files too
+            total -= own["Rss"] - own["Pss"]
+    return max(0, total), len(procs)
+
+
+def tree_rss(pid: int) -> int:
+    """Resident set size of process ``pid`` plus what every process under it adds
+    (:func:`program_rss`: the programs a task running there started), in bytes; 0 if
+    it is gone. Read now, whole (a worker's samples go through :class:`ProgramTree`)."""
+    return rss_of(pid) + program_rss(pid)[0]
+
+
+class ProgramTree:
+    """The memory of a process (a task process, or the worker's for its executor's
+    threads) and of the programs under it, as a worker's memory samples read it (every
+    50 ms), at a bounded cost: each sample reads the process's RSS and its threads'
+    lists of children through kept descriptors (:class:`KeptFiles`); the processes under
+    those children are walked and their PSS read (:func:`program_rss`) at most every
+    :data:`_WALK_EVERY` seconds (less often when a walk takes more than
+    :data:`_WALK_SHARE` of the time between), only while there are children, and by
+    one caller at a time: in between, what they add is that of the last walk. Its
+    threads are listed again as often. Thread-safe."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.kept = KeptFiles()
+        self.added = 0  #: what the programs under it added at the last walk (bytes)
+        self._lists: list[str] = []  #: its threads' lists of children
+        self._listed = -math.inf  #: when its threads were listed (time.monotonic)
+        self._next = -math.inf  #: when the next walk may be
+        self._walking = threading.Lock()
+        self._logged = False  #: said it has more processes than are looked at
+
+    def rss(self, walk: bool = True) -> int:
+        """The process's RSS (0 if it is gone) plus what the programs under it add
+        (:meth:`programs`)."""
+        statm = self.kept.read(f"/proc/{self.pid}/statm") if _LINUX else None
+        try:
+            own = int(statm.split()[1]) * _PAGE if statm else 0
+        except (ValueError, IndexError):
+            own = 0
+        if not _LINUX:
+            own = rss_of(self.pid)
+        return own + self.programs(None, walk)
+
+    def programs(self, lists: list[str] | None = None, walk: bool = True) -> int:
+        """What the programs under the process add to its RSS (bytes): those listed in
+        ``lists`` (files /proc/<pid>/task/<tid>/children; None: every thread's of the
+        process) and everything under them. ``walk`` False: never walk (what the last
+        walk found, or 0 if there are no children now)."""
+        if not _PROC_CHILDREN:
+            return program_rss(self.pid)[0] if walk else self.added
+        now = time.monotonic()
+        if lists is None:
+            if now - self._listed >= _WALK_EVERY:
+                try:
+                    tids = os.listdir(f"/proc/{self.pid}/task")
+                except OSError:
+                    tids = []
+                self._lists = [f"/proc/{self.pid}/task/{tid}/children" for tid in tids]
+                self._listed = now
+            lists = self._lists
+            self.kept.keep_only([f"/proc/{self.pid}/statm", *lists])
+        else:
+            self.kept.keep_only(lists)
+        children = [c for path in lists for c in _pids(self.kept.read(path))]
+        if not children:
+            self.added = 0
+            return 0
+        if not walk or now < self._next or not self._walking.acquire(blocking=False):
+            return self.added
+        try:
+            began = time.perf_counter()
+            self.added, seen = program_rss(self.pid, children)
+            took = time.perf_counter() - began
+            self._next = now + max(_WALK_EVERY, took / _WALK_SHARE)
+        finally:
+            self._walking.release()
+        if seen >= _MAX_DESCENDANTS and not self._logged:
+            self._logged = True
+            _log.warning(
+                "more processes under a task process (or the executor's threads) than "
+                "memory samples look at: those past them are not counted",
+                pid=self.pid, most=_MAX_DESCENDANTS, took=round(took, 4),
+            )  # fmt: skip
+        return self.added
+
+    def close(self) -> None:
+        self.kept.close()
 
 
 def _run_node(node: Any, inputs: Any) -> Any:
@@ -794,7 +907,8 @@ class Executor(BaseExecutor):
         self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
         #: threads whose task was cancelled past ``max_abandoned``: they keep their slot
         self._held: set[threading.Thread] = set()
-        self._kept = KeptFiles()  #: the threads' lists of children (``children_rss``)
+        #: the worker's programs started from these threads (``children_rss``)
+        self._tree = ProgramTree(os.getpid())
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
         ]
@@ -863,7 +977,7 @@ class Executor(BaseExecutor):
             self._closed = True
             for _ in self._threads:
                 self._jobs.put(None)
-            self._kept.close()  # (and a later children_rss opens nothing)
+            self._tree.close()  # (and a later children_rss opens nothing)
         if wait:
             for t in self._threads:
                 if t is not threading.current_thread():
@@ -889,11 +1003,7 @@ class Executor(BaseExecutor):
             for t in threads
             if t.native_id and t.is_alive()
         }
-        children = [c for path in lists for c in _pids(self._kept.read(path))]
-        self._kept.keep_only(lists)
-        if not children:
-            return 0
-        return sum(rss_of(pid) for pid in descendants(os.getpid(), children))
+        return self._tree.programs(sorted(lists))
 
     def _run(self) -> None:
         jobs = self._jobs
@@ -1299,7 +1409,6 @@ class _Slot:
         "fresh_rss",
         "idle_rss",
         "index",
-        "kept",
         "key",
         "kill_rss",
         "killed",
@@ -1310,6 +1419,7 @@ class _Slot:
         "since",
         "start_error",
         "tasks",
+        "tree",
     )
 
     def __init__(self, index: int) -> None:
@@ -1326,7 +1436,8 @@ class _Slot:
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
         self.start_error: BaseException | None = None
-        self.kept = KeptFiles()  #: its task process's /proc files read at each sample
+        #: its task process's memory with its programs' (None: no task process)
+        self.tree: ProgramTree | None = None
         self.tasks = 0  #: tasks its task process has run
         self.fresh_rss = 0  #: its task process's RSS idle after its first task (0: unknown)
 
@@ -1418,7 +1529,8 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             for slot in self._slots:
                 if slot.key is not None and slot.killed is None and slot.key == key:
-                    slot.kill_rss = tree_rss(slot.pid, slot.kept)
+                    # (no walk of its programs here: what the last one found)
+                    slot.kill_rss = slot.tree.rss(walk=False) if slot.tree else 0
                     slot.killed = outcome
                     self._signal(slot, signal.SIGKILL)
                     return True
@@ -1441,10 +1553,8 @@ class ProcessExecutor(BaseExecutor):
         with the programs it started (:func:`tree_rss`), and :meth:`total_rss`, from
         one read of each task process's tree."""
         with self._state:
-            slots = [
-                (s.pid, s.kept, s.key if s.killed is None else None) for s in self._slots if s.pid
-            ]
-        trees = [(key, tree_rss(pid, kept)) for pid, kept, key in slots]
+            slots = [(s.tree, s.key if s.killed is None else None) for s in self._slots if s.tree]
+        trees = [(key, tree.rss()) for tree, key in slots]
         return {key: n for key, n in trees if key is not None}, rss() + sum(n for _, n in trees)
 
     def began(self) -> dict[Key, int]:
@@ -1475,8 +1585,8 @@ class ProcessExecutor(BaseExecutor):
         """Sum of the RSS of the live task processes and of every process under them
         (the programs their tasks started: :func:`tree_rss`), in bytes."""
         with self._state:
-            slots = [(s.pid, s.kept) for s in self._slots if s.pid]
-        return sum(tree_rss(pid, kept) for pid, kept in slots)
+            trees = [s.tree for s in self._slots if s.tree]
+        return sum(tree.rss() for tree in trees)
 
     # -- the slot threads
 
@@ -1523,7 +1633,7 @@ class ProcessExecutor(BaseExecutor):
             now = time.time()
             error = slot.start_error or RuntimeError("no task process could be started")
             return TaskResult(key, "error", now, now, 0, 0, error), None
-        start, began = time.time(), tree_rss(slot.pid, slot.kept)
+        start, began = time.time(), slot.tree.rss() if slot.tree else 0
         with self._state:
             if self._closing:  # shutdown() came while the job was being pickled
                 return TaskResult(key, "cancelled"), None
@@ -1676,6 +1786,7 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             slot.process, slot.conn, slot.lifeline = process, ours, life_w
             slot.pid, slot.pidfd = pid, pidfd
+            slot.tree = ProgramTree(pid)
             slot.start_error = None
             slot.idle_rss = 0
             slot.kill_rss = 0
@@ -1729,12 +1840,14 @@ class ProcessExecutor(BaseExecutor):
         process.join(5.0)
         with self._state:
             conn, lifeline, pidfd, pid = slot.conn, slot.lifeline, slot.pidfd, slot.pid
+            tree, slot.tree = slot.tree, None
             slot.process = slot.conn = slot.lifeline = slot.pidfd = None
             slot.pid = 0
         for c in (conn, lifeline):
             if c is not None:
                 c.close()
-        slot.kept.close()
+        if tree is not None:
+            tree.close()
         if pidfd is not None:
             os.close(pidfd)
         if self.sandbox is not None and pid:  # what a task it was killed in wrote

@@ -3,12 +3,13 @@ tasks started (their processes, under each task process or each executor thread)
 
     python benchmarks/descendants_cost.py             # 4 slots, 20,000 samples each
     python benchmarks/descendants_cost.py --slots 8 -n 50000
+    python benchmarks/descendants_cost.py --programs 100 -n 500   # many programs per task
 
 A worker samples its memory every ``interval`` (50 ms by default) and after fence
 crossings: in process execution the RSS of each running task process, and the total;
 in thread execution its own RSS. Timed here on real executors (``--slots`` task
 processes or threads), idle (no program running: the common case) and with each slot's
-task running one program (``sleep``) under it:
+task running ``--programs`` programs (``sleep``; 1 by default) under it:
 
 - process, before: ``rss()`` plus ``rss_of(pid)`` per task process, the per-task figures
   read once more (the worker's ``_sample`` at main);
@@ -46,21 +47,23 @@ from actors.protocol import ToRun
 INTERVAL = 0.05  # the worker's memory tick, seconds
 
 
-def run_program(gate: str) -> int:
-    """A task body: run a program (``sleep``) until the benchmark opens the gate."""
+def run_program(gate: str, programs: int = 1) -> int:
+    """A task body: run ``programs`` programs (``sleep``) until the benchmark opens the
+    gate."""
     import subprocess
 
-    proc = subprocess.Popen(["sleep", "600"])
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(programs)]
     try:
         while not Path(gate).exists():
             time.sleep(0.01)
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
     return 0
 
 
-def wait_idle(gate: str) -> int:
+def wait_idle(gate: str, programs: int = 0) -> int:
     """A task body: no program, until the benchmark opens the gate."""
     while not Path(gate).exists():
         time.sleep(0.01)
@@ -89,7 +92,7 @@ def started(ex: Executor | ProcessExecutor, slots: int) -> None:
     deadline = time.monotonic() + 60
     while len(ex.executing()) < slots and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)
+    time.sleep(2.0)
 
 
 def show(what: str, micros: float) -> None:
@@ -97,12 +100,12 @@ def show(what: str, micros: float) -> None:
     print(f"  {what:<44} {micros:8.1f} us/sample  ({share:.3f}% of a core at 20/s)")
 
 
-async def measure(slots: int, n: int, with_program: bool, tmp: Path) -> None:
-    body = run_program if with_program else wait_idle
-    label = "one program under each slot" if with_program else "no program"
+async def measure(slots: int, n: int, programs: int, tmp: Path) -> None:
+    body = run_program if programs else wait_idle
+    label = f"{programs} program(s) under each slot" if programs else "no program"
     print(f"{slots} slots, {label}, {threading.active_count()} threads in this process:")
     for mode in ("process", "thread"):
-        gate = tmp / f"gate-{mode}-{with_program}"
+        gate = tmp / f"gate-{mode}-{programs}"
         ex: Executor | ProcessExecutor
         if mode == "process":
             ex = ProcessExecutor(slots, "bench", lambda batch: None)
@@ -111,7 +114,7 @@ async def measure(slots: int, n: int, with_program: bool, tmp: Path) -> None:
         try:
             for i in range(slots):
                 key = f"t{i}"
-                ex.submit(ToRun(key, Task(key, body, str(gate)), "t", ()), {})
+                ex.submit(ToRun(key, Task(key, body, str(gate), programs), "t", ()), {})
             await anyio.to_thread.run_sync(started, ex, slots)
             if isinstance(ex, ProcessExecutor):
                 pe = ex
@@ -128,17 +131,18 @@ async def measure(slots: int, n: int, with_program: bool, tmp: Path) -> None:
             await anyio.to_thread.run_sync(ex.shutdown, True)
 
 
-async def main(slots: int, n: int) -> None:
+async def main(slots: int, n: int, programs: int) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        for with_program in (False, True):
-            await measure(slots, n, with_program, Path(tmp))
+        for count in (0, programs):
+            await measure(slots, n, count, Path(tmp))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=4, help="task processes or threads")
     parser.add_argument("-n", type=int, default=20_000, help="samples per round")
+    parser.add_argument("--programs", type=int, default=1, help="programs under each slot")
     args = parser.parse_args()
-    anyio.run(main, args.slots, args.n)
+    anyio.run(main, args.slots, args.n, args.programs)

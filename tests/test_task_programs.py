@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -190,6 +191,60 @@ async def test_kill_task_processes_takes_the_programs_their_tasks_started(tmp_pa
         assert kill_task_processes() >= 1
         await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
         assert (await delivered.get("tool"))[0].outcome == "error"  # its process died
+
+
+SHARED = 256 * 2**20  #: the buffer forked children share with their task
+FORKS = 4
+
+
+def fork_sharing(gate: str) -> int:
+    """A task body: load a buffer (``SHARED`` bytes), fork ``FORKS`` children that
+    share it (as ``multiprocessing`` with fork does, ``Pool(FORKS)`` after a load), say
+    so (``gate + ".ready"``) and wait, with them, until the gate exists."""
+    block = bytearray(SHARED)
+    block[::4096] = b"1" * len(block[::4096])
+    pids = []
+    for _ in range(FORKS):
+        pid = os.fork()
+        if pid == 0:  # the child: holds the buffer, never writes it
+            try:
+                while not os.path.exists(gate):
+                    time.sleep(0.01)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    open(gate + ".ready", "w").close()
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return len(block) // 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux PSS")
+async def test_forked_children_sharing_their_task_s_memory_count_it_once(tmp_path: Path) -> None:
+    """A task process that loads a buffer and forks children sharing it: its sampled
+    memory (what the terminate fence compares, and the worker's total) is about the
+    buffer, not the buffer once more per child (their RSS each counts it whole)."""
+    gate = tmp_path / "gate"
+    async with executor("process", 1) as (ex, delivered):
+        assert isinstance(ex, ProcessExecutor)
+        try:
+            ex.submit(job("forks", fork_sharing, str(gate)), {})
+            ready = Path(f"{gate}.ready")
+            await wait_until(ready.exists, "the children to be forked", limit=BOUND)
+            (task_pid,) = ex.running().values()
+            assert len(descendants(task_pid)) == FORKS
+            sampled, total = ex.running_rss()
+            # Counted (the task process itself holds about 100 MiB more), and once: not
+            # once per process (FORKS + 1 times: 1.25 GiB more)
+            assert SHARED <= sampled["forks"] < 2 * SHARED
+            assert total < rss() + 2 * SHARED
+            assert ex.children_rss() < 2 * SHARED
+            assert tree_rss(task_pid) < 2 * SHARED
+        finally:
+            gate.touch()
+        assert (await delivered.get("forks"))[0].outcome == "ok"
 
 
 @pytest.mark.parametrize("interrupts", [1, 2])
