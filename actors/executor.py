@@ -1624,7 +1624,7 @@ class ProcessExecutor(BaseExecutor):
             )
             now = time.time()
             return TaskResult(key, "error", now, now, 0, slot.idle_rss, exc), None
-        if slot.process is None or not slot.process.is_alive():
+        if slot.process is None or self._ended(slot, 0.0):
             self._restart_child(slot)  # it died while idle, or could not start
         elif self.recycle_over and slot.tasks and not self._closing:
             self._recycle(slot)
@@ -1755,14 +1755,13 @@ class ProcessExecutor(BaseExecutor):
     def _lost(self, slot: _Slot, key: Key, start: float, failure: Exception) -> TaskResult:
         """The task process stopped answering mid-task (not killed by us): it died, or
         (a bug) the exchange broke. Either way it is replaced."""
-        process, pid = slot.process, slot.pid
-        assert process is not None
-        process.join(1.0)
+        pid = slot.pid
         # Alive but the exchange failed: a broken exchange, not a death.
-        alive = process.is_alive()
-        error = failure if alive else TaskProcessDied(key, pid, process.exitcode)
+        ended = self._ended(slot, 1.0)
         now, last = time.time(), slot.idle_rss
-        self._restart_child(slot)
+        code = self._stop_child(slot, graceful=False)
+        error = TaskProcessDied(key, pid, code) if ended else failure
+        self._start_child(slot)
         return TaskResult(key, "error", start, now, 0, last, error, rss_before=last)
 
     # -- task processes
@@ -1824,20 +1823,36 @@ class ProcessExecutor(BaseExecutor):
         self._stop_child(slot, graceful=False)
         self._start_child(slot)
 
-    def _stop_child(self, slot: _Slot, graceful: bool = True) -> None:
-        """Stop the slot's task process (if any) and release everything it held."""
+    def _ended(self, slot: _Slot, timeout: float) -> bool:
+        """Whether the slot's task process has ended, waiting up to ``timeout`` seconds
+        for it to, without reaping it (its pidfd, or its sentinel, turns readable):
+        until it is reaped its number, and its process group's, cannot be another's."""
+        process = slot.process
+        if process is None or _reaped(process):
+            return True
+        fd = slot.pidfd if slot.pidfd is not None else process.sentinel
+        return bool(multiprocessing.connection.wait([fd], timeout))
+
+    def _stop_child(self, slot: _Slot, graceful: bool = True) -> int | None:
+        """Stop the slot's task process (if any) and release everything it held; its
+        exit code (None: none, or unknown)."""
         process = slot.process
         if process is None:
-            return
-        if graceful and process.is_alive() and slot.conn is not None:
+            return None
+        if graceful and slot.conn is not None and not self._ended(slot, 0.0):
             with contextlib.suppress(OSError):
                 slot.conn.send_bytes(_STOP)
-            process.join(1.0)
-        with self._state:
-            # Killed, or ended by itself: what its tasks started and left running (in
-            # its process group) goes with it.
-            self._signal(slot, signal.SIGKILL)
+            self._ended(slot, 1.0)
+        # Killed, or ended by itself: what its tasks started and left running (in its
+        # process group) goes with it, signalled before it is reaped (by the join
+        # below), so that neither its number nor its group's is free for another
+        # process yet. Once reaped (by another slot's start, which reaps the ended
+        # children of this process: not while this holds _START_LOCK), only through
+        # its pidfd, which never reaches another process.
+        with _START_LOCK, self._state:
+            signal_group(slot.pidfd, 0 if _reaped(process) else slot.pid, signal.SIGKILL)
         process.join(5.0)
+        code = process.exitcode
         with self._state:
             conn, lifeline, pidfd, pid = slot.conn, slot.lifeline, slot.pidfd, slot.pid
             tree, slot.tree = slot.tree, None
@@ -1852,14 +1867,24 @@ class ProcessExecutor(BaseExecutor):
             os.close(pidfd)
         if self.sandbox is not None and pid:  # what a task it was killed in wrote
             remove_tries(self.sandbox, pid)
-        if process.exitcode is not None:
+        if code is not None:
             process.close()
+        return code
 
     def _signal(self, slot: _Slot, sig: int) -> None:
         """Send ``sig`` to the slot's task process and every process in its process
         group: the programs its tasks started (caller holds the state lock).
         :func:`signal_group` says how."""
         signal_group(slot.pidfd, slot.pid, sig)
+
+
+def _reaped(process: BaseProcess) -> bool:
+    """Whether ``process`` was reaped (``join``, ``is_alive``, ``exitcode``, or
+    ``multiprocessing``'s clean-up at every start reap an ended child): its number,
+    and its group's if it had no member left, may be another process's now. Read
+    without reaping it."""
+    popen = getattr(process, "_popen", None)
+    return popen is None or getattr(popen, "returncode", None) is not None
 
 
 #: ``pidfd_send_signal``'s flag (Linux 6.9) that sends to the process group led by the
@@ -1880,7 +1905,8 @@ def signal_group(pidfd: int | None, pid: int, sig: int) -> None:
     Else ``killpg(pid)``, as a process provider's clean-up does: a process group's id
     is not given to another while the group has a member, so once it has none the
     call finds nothing, unless a new process took that number and leads a group of its
-    own meanwhile."""
+    own meanwhile: so a task process is signalled by number (``pid``) only before it is
+    reaped (``ProcessExecutor._stop_child``); after, ``pid`` 0: only through ``pidfd``."""
     global _pidfd_groups
     with contextlib.suppress(OSError):
         if pidfd is not None:

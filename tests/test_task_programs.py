@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -387,3 +388,62 @@ async def test_thread_executors_leave_no_descriptor_open_once_shut_down() -> Non
             await anyio.to_thread.run_sync(ex.shutdown, True)
         assert ex.children_rss() == 0
     assert open_fds() == before
+
+
+# ----------------------------------------------------------------------------- pid reuse
+
+
+def exited(pid: int) -> bool:
+    """Whether child ``pid`` has ended, every thread of it (it can be reaped), without
+    reaping it. (Its main thread shows as a zombie before its other threads end.)"""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="tells a reaped child by waitid")
+@pytest.mark.parametrize("how", ["stopped", "died-idle"])
+async def test_a_task_process_is_never_signalled_by_number_once_reaped(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Without a pidfd (macOS, Linux before 5.3) or without group signals through one
+    (Linux before 6.9), a task process and its group are signalled by number: only
+    before it is reaped (its number, and its group's, may be another process's after).
+    ``stopped``: the executor's shutdown stops it; ``died-idle``: it died between tasks
+    and is replaced when the next comes."""
+    from actors import executor as module
+
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    monkeypatch.setattr(module, "_pidfd_groups", False)
+    calls: list[tuple[str, int, bool]] = []
+
+    def recording(name: str, real: Any) -> Any:
+        def call(pid: int, sig: int) -> None:
+            try:  # (never reaps: WNOWAIT)
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                reaped = False
+            except ChildProcessError:
+                reaped = True
+            calls.append((name, pid, reaped))
+            real(pid, sig)
+
+        return call
+
+    async with executor("process", 1) as (ex, delivered):
+        assert isinstance(ex, ProcessExecutor)
+        ex.submit(job("first", sum, [1, 2]), {})
+        assert (await delivered.get("first"))[0].outcome == "ok"
+        (task_pid,) = ex.pids()
+        if how == "died-idle":
+            os.kill(task_pid, signal.SIGKILL)
+            await wait_until(lambda: exited(task_pid), "the task process to end", limit=BOUND)
+        monkeypatch.setattr(os, "kill", recording("kill", os.kill))
+        monkeypatch.setattr(os, "killpg", recording("killpg", os.killpg))
+        if how == "died-idle":
+            ex.submit(job("next", sum, [3, 4]), {})
+            result = (await delivered.get("next"))[0]
+            assert result.outcome == "ok", result.error
+        else:
+            with anyio.fail_after(BOUND):
+                await anyio.to_thread.run_sync(ex.shutdown, True)
+    ours = [c for c in calls if c[1] == task_pid]
+    assert ("killpg", task_pid, False) in ours  # its group was signalled ...
+    assert not [c for c in ours if c[2]]  # ... and nothing once it was reaped
