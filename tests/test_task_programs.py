@@ -248,6 +248,24 @@ async def test_forked_children_sharing_their_task_s_memory_count_it_once(tmp_pat
         assert (await delivered.get("forks"))[0].outcome == "ok"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux PSS")
+async def test_forked_children_of_a_thread_worker_s_task_add_little(tmp_path: Path) -> None:
+    """In thread execution the children a task forks share the worker's memory (the
+    task's buffer and everything else the worker holds): they add about nothing to its
+    total, not the worker's RSS once more per child."""
+    gate = tmp_path / "gate"
+    async with executor("thread", 1) as (ex, delivered):
+        try:
+            ex.submit(job("forks", fork_sharing, str(gate)), {})
+            ready = Path(f"{gate}.ready")
+            await wait_until(ready.exists, "the children to be forked", limit=BOUND)
+            assert ex.children_rss() < SHARED // 4
+            assert ex.total_rss() < rss() + SHARED // 4
+        finally:
+            gate.touch()
+        assert (await delivered.get("forks"))[0].outcome == "ok"
+
+
 @pytest.mark.parametrize("interrupts", [1, 2])
 async def test_ctrl_c_of_a_worker_stops_the_programs_its_tasks_started(
     tmp_path: Path, interrupts: int
