@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dask._task_spec import Task
 
-from actors.executor import Executor, ProcessExecutor, rss, rss_of
+import actors.executor
+from actors.executor import Executor, ProcessExecutor, descendants, rss, rss_of
 from actors.protocol import ToRun
 
 INTERVAL = 0.05  # the worker's memory tick, seconds
@@ -87,12 +88,19 @@ def before_process(ex: ProcessExecutor) -> None:
     del tasks
 
 
-def started(ex: Executor | ProcessExecutor, slots: int) -> None:
-    """Wait (at most a minute) until every slot runs its task, and its program began."""
+def started(ex: Executor | ProcessExecutor, slots: int, programs: int) -> None:
+    """Wait (at most a minute) until every slot runs its task, and its programs began
+    (a task process takes seconds to start under load)."""
     deadline = time.monotonic() + 60
-    while len(ex.executing()) < slots and time.monotonic() < deadline:
+
+    def programs_up() -> bool:
+        if isinstance(ex, ProcessExecutor):
+            return all(len(descendants(pid)) >= programs for pid in ex.pids())
+        return len(descendants(os.getpid())) >= slots * programs
+
+    while time.monotonic() < deadline and not (len(ex.executing()) >= slots and programs_up()):
         time.sleep(0.05)
-    time.sleep(2.0)
+    time.sleep(0.5)
 
 
 def show(what: str, micros: float) -> None:
@@ -115,7 +123,7 @@ async def measure(slots: int, n: int, programs: int, tmp: Path) -> None:
             for i in range(slots):
                 key = f"t{i}"
                 ex.submit(ToRun(key, Task(key, body, str(gate), programs), "t", ()), {})
-            await anyio.to_thread.run_sync(started, ex, slots)
+            await anyio.to_thread.run_sync(started, ex, slots, programs)
             if isinstance(ex, ProcessExecutor):
                 pe = ex
                 show(
@@ -123,6 +131,11 @@ async def measure(slots: int, n: int, programs: int, tmp: Path) -> None:
                     per_sample(functools.partial(before_process, pe), n),
                 )
                 show("process, after (running_rss: trees)", per_sample(pe.running_rss, n))
+                if programs and hasattr(actors.executor, "ProgramTree"):
+                    # (walked at most once a second per task process: at 20 samples a
+                    # second, a sample's share of the walks is slots x this / 20)
+                    walk = functools.partial(actors.executor.program_rss, pe.pids()[0])
+                    show("process, one walk of one tree (program_rss)", per_sample(walk, 20))
             else:
                 show("thread, before (rss())", per_sample(rss, n))
                 show("thread, after (total_rss(): + programs)", per_sample(ex.total_rss, n))
