@@ -290,7 +290,8 @@ def test_the_manager_command_line_passes_its_long_task_flags(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``--long-task`` and ``--no-unknown-long`` reach ``run_manager`` (whose scheduler
-    the test above shows them reaching); without them, the defaults."""
+    the test above shows them reaching); without them, None: the scheduler's defaults,
+    or its ``[scheduler]`` table in ``--config``, which the flags win over."""
     import runtime.node
     from runtime.__main__ import main
 
@@ -303,4 +304,4 @@ def test_the_manager_command_line_passes_its_long_task_flags(
     base = ["manager", "--listen", "127.0.0.1:0", "--no-monitoring"]
     assert main([*base, "--long-task", "30", "--no-unknown-long"]) == 0
     assert main(base) == 0
-    assert [(k["long_task"], k["unknown_long"]) for k in seen] == [(30.0, False), (1.0, True)]
+    assert [(k["long_task"], k["unknown_long"]) for k in seen] == [(30.0, False), (None, None)]
