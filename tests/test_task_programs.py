@@ -251,16 +251,23 @@ async def test_forked_children_sharing_their_task_s_memory_count_it_once(tmp_pat
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux PSS")
 async def test_forked_children_of_a_thread_worker_s_task_add_little(tmp_path: Path) -> None:
     """In thread execution the children a task forks share the worker's memory (the
-    task's buffer and everything else the worker holds): they add about nothing to its
-    total, not the worker's RSS once more per child."""
+    task's buffer and everything else the worker holds): they add at most what the
+    worker wrote since they were forked (its pages the children still hold the old
+    copies of, really held twice), never the worker's RSS once more per child.
+
+    Here the worker is the test's own process, whose heap the event loop and the
+    garbage collector keep writing: after a long test session (CI) those copies came
+    to about the buffer's size, so the bound is the worker's RSS, not a fraction of
+    the buffer; the old count, each child's RSS whole, is about FORKS times it."""
     gate = tmp_path / "gate"
     async with executor("thread", 1) as (ex, delivered):
         try:
             ex.submit(job("forks", fork_sharing, str(gate)), {})
             ready = Path(f"{gate}.ready")
             await wait_until(ready.exists, "the children to be forked", limit=BOUND)
-            assert ex.children_rss() < SHARED // 4
-            assert ex.total_rss() < rss() + SHARED // 4
+            worker = rss()  # the buffer and the rest of this process
+            assert ex.children_rss() < worker
+            assert ex.total_rss() < 2 * worker
         finally:
             gate.touch()
         assert (await delivered.get("forks"))[0].outcome == "ok"
