@@ -6,11 +6,13 @@
   own in the "Modules" table, which names no module that is gone.
 - Its "Layers" drawing has the rows of the ``layers`` contract of pyproject.toml (what
   ``lint-imports`` checks), in the same order.
-- What it cites of the code is there: each ``pkg/module.py`` path is a file (and the
-  name after ``path: `` is defined in it), each dotted name under the packages
-  (``runtime.node.worker_shape``, or ``node.gateway_routes`` for a module name that is
-  unique) imports, and each ``Class.attribute`` of a class of the packages is defined
-  on that class or a base.
+- What it cites of the code is there (read from the source: nothing is imported): each
+  ``pkg/module.py`` path is a file (and the name after ``path: `` is defined in it),
+  each dotted name under the packages (``runtime.node.worker_shape``, or
+  ``node.gateway_routes`` for a module name that is unique) is defined, each
+  ``Class.attribute`` of a class of the packages is defined on that class or a base,
+  and each file it cites elsewhere in the repository (``benchmarks/preemption.py``,
+  ``tests/test_layers.py``, ``.ci/run``) exists.
 - The links of README.md and docs/*.md to its headings resolve.
 """
 
@@ -198,6 +200,11 @@ def stale_references(text: str) -> list[str]:
         for path in re.findall(rf"(?<![\w/])((?:{'|'.join(PACKAGES)})/\w+\.py)", span):
             if path not in paths:
                 stale.append(span)
+        for path in re.findall(
+            r"(?<![\w/.])((?:benchmarks|tests|docs|demos|\.ci)/[\w./-]*\w)", span
+        ):
+            if not (ROOT / path).exists():
+                stale.append(span)
         cited = re.fullmatch(rf"((?:{'|'.join(PACKAGES)})/\w+\.py): (\w+)", span)
         if cited and not resolves(f"{dotted(cited[1])}.{cited[2]}"):
             stale.append(span)
@@ -263,6 +270,9 @@ def test_the_checks_see_what_they_check() -> None:
     ]
     assert stale_references("`SchedulerState._assign`, `WorkerState.away`") == []
     assert stale_references("`scheduler_state.py`, `no_such_module.py`") == ["no_such_module.py"]
+    assert stale_references("`.ci/run`, `tests/test_layers.py`, `benchmarks/gone.py`") == [
+        "benchmarks/gone.py"
+    ]
     assert slug("The seeds' lessons: where they live") == "the-seeds-lessons-where-they-live"
 
 
