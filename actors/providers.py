@@ -4,7 +4,8 @@ What lives here: :class:`BlockState` (the states a block moves through, after Pa
 job states), :class:`Block`, the :class:`Provider` interface the autoscaler drives, and
 :class:`InProcessProvider`, which starts worker actors inside the running actor system.
 :class:`actors.processes.LocalProcessProvider` implements the same interface with worker
-processes on this machine; batch-system providers (Slurm) are future work.
+processes on this machine, and :class:`actors.slurm.SlurmProvider` with Slurm jobs
+(``sbatch``, watched with ``squeue`` and ``scontrol``).
 
 Providers do not know what a worker is: whoever assembles the cluster injects how to
 make one (a :class:`WorkerFactory` here, a command line per worker for the process
