@@ -25,7 +25,12 @@ script itself holds no secret.
 States. A job requeued by Slurm (preempted on a ``PreemptMode=REQUEUE`` partition, or
 ``scontrol requeue``) keeps its id and goes back to pending: that is a new *incarnation*
 of the same block (``Restarts`` in ``scontrol show job``), not a second block, and not
-an end. A job that is no longer in ``squeue`` is not taken as completed: ``scontrol
+an end; it was ``preempted`` if the job's stderr has a ``DUE TO PREEMPTION`` line for
+it, else ``requeued``. slurmstepd writes that line on its own time, after the look that
+saw the requeue at times: the stderr is read again at the next looks (while it grows,
+until the job runs again), and a line found then makes the earliest ``requeued``
+incarnation ``preempted`` (:meth:`JobRecord.observe`; never the other way), the block's
+``requeue_cause`` too. A job that is no longer in ``squeue`` is not taken as completed: ``scontrol
 show job`` is asked, and only if the controller does not know it either is the block
 MISSING. A job ended by preemption (``PREEMPTED``, or cancelled with the ``DUE TO
 PREEMPTION`` line in its stderr) is PREEMPTED. A failed block's detail carries the head
@@ -300,7 +305,11 @@ class JobRecord:
         """Apply what Slurm says of the job: ``info`` from ``squeue`` or, for a job that
         vanished from ``squeue``, from ``scontrol show job`` (None: unknown there too).
         ``stderr`` is the job's stderr file (read when the job may have ended by
-        preemption or failed). A block that reached a terminal state keeps it."""
+        preemption or failed, and after a requeue whose cause may still change): at every
+        look its ``DUE TO PREEMPTION`` lines for this job make the earliest incarnations
+        recorded ``requeued`` ``preempted`` while they outnumber the preempted ones (the
+        line may come after the look that saw the requeue; a cause is never made
+        ``requeued`` again). A block that reached a terminal state keeps it."""
         if self.state.terminal:
             return self.state
         if info is None:
@@ -311,18 +320,23 @@ class JobRecord:
                 "controller lost its state); how it ended is unknown"
             )
             return self.state
+        lines = _preemptions(stderr, self.job_id)
         if info.restarts > self.restarts or (
             self.ran and block_state(info.state) == BlockState.PENDING
         ):
-            preemptions = _preemptions(stderr, self.job_id)
             ended = max(info.restarts - self.restarts, 1)  # requeues since the last look
             for k in range(ended):
-                cause = "preempted" if preemptions > len(self.incarnations) else "requeued"
                 last = self.slurm_state if k == 0 else "unseen"
-                self.incarnations.append(Incarnation(self.restarts + k, cause, last))
+                self.incarnations.append(Incarnation(self.restarts + k, "requeued", last))
             self.restarts += ended
             self.ran = False
         mapped = block_state(info.state)
+        # A preemption that ends the job (cancelled rather than requeued) has its line
+        # too: that one is not an earlier requeue's.
+        ends_preempted = mapped == BlockState.PREEMPTED or (
+            mapped in (BlockState.CANCELLED, BlockState.FAILED) and lines > len(self.incarnations)
+        )
+        self._preempted(lines - 1 if ends_preempted else lines)
         self.slurm_state, self.reason = info.state, info.reason
         if mapped is None:  # a state this version does not know: keep ours
             self.detail = f"Slurm job {self.job_id} in state {info.state} (unknown to Corral)"
@@ -333,15 +347,27 @@ class JobRecord:
             mapped = BlockState.PENDING
         elif mapped == BlockState.RUNNING:
             self.ran = True
-        if mapped in (BlockState.CANCELLED, BlockState.FAILED) and _preemptions(
-            stderr, self.job_id
-        ) > len(self.incarnations):
+        if mapped in (BlockState.CANCELLED, BlockState.FAILED) and ends_preempted:
             mapped = BlockState.PREEMPTED  # preempted, though the state says otherwise
         if mapped.terminal and self.stopping and mapped != BlockState.PREEMPTED:
             mapped = BlockState.SCALED_IN
         self.state = mapped
         self.detail = self._describe(info, stderr)
         return self.state
+
+    def _preempted(self, lines: int) -> None:
+        """Give the stderr's ``lines`` preemption lines to the requeues: the earliest
+        incarnations still ``requeued`` become ``preempted`` while there are more lines
+        than preempted incarnations. slurmstepd writes its line on its own time, so the
+        look that sees a requeue may come before the line: a later look corrects the
+        cause (never the other way: a line does not go away)."""
+        preempted = sum(1 for i in self.incarnations if i.cause == "preempted")
+        for n, inc in enumerate(self.incarnations):
+            if preempted >= lines:
+                return
+            if inc.cause == "requeued":
+                self.incarnations[n] = dataclasses.replace(inc, cause="preempted")
+                preempted += 1
 
     def _describe(self, info: JobInfo, stderr: str) -> str:
         what = f"Slurm job {self.job_id} {info.state}"
@@ -720,6 +746,7 @@ class _Job:
     stderr: Path
     ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     cancel_pending: bool = False  #: scancel failed: retried by the refresher
+    stderr_size: int = -1  #: the stderr file's size when it was last read
 
 
 _ADVICE = {
@@ -1113,20 +1140,49 @@ class SlurmProvider(Provider):
         requeued = info is not None and (
             info.restarts > rec.restarts or (rec.ran and mapped == BlockState.PENDING)
         )
-        if requeued or (mapped is not None and mapped.terminal):
-            stderr = _read_text(job.stderr)
+        # A requeue recorded `requeued` may be a preemption whose stderr line came after
+        # the look (slurmstepd writes it on its own time): read the file again while the
+        # job has not run again (its next run starts after that line), when it grew.
+        unsure = not rec.ran and any(i.cause == "requeued" for i in rec.incarnations)
+        grew = unsure and _size(job.stderr) != job.stderr_size
+        if requeued or grew or (mapped is not None and mapped.terminal):
+            stderr = self._read_stderr(job)
+        causes = [i.cause for i in rec.incarnations]
         state = rec.observe(info, stderr)
+        block = job.block
         if rec.restarts != before:
             last = rec.incarnations[-1]
-            job.block.incarnation, job.block.requeue_cause = rec.restarts + 1, last.cause
+            block.incarnation, block.requeue_cause = rec.restarts + 1, last.cause
             # At debug: the autoscaler's `worker block requeued` is the line an operator
             # reads (info for a preemption's requeue, expected; warning for another).
             self._log.debug(
-                "block requeued: a new incarnation", pool=job.block.spec.pool,
-                block=job.block.block_id, job=rec.job_id, incarnation=rec.restarts + 1,
+                "block requeued: a new incarnation", pool=block.spec.pool,
+                block=block.block_id, job=rec.job_id, incarnation=rec.restarts + 1,
                 cause=last.cause,
             )  # fmt: skip
+        corrected = [  # the runs (from 1) whose end was a preemption after all
+            i.number + 1 for i, was in zip(rec.incarnations, causes, strict=False) if i.cause != was
+        ]
+        if corrected:
+            block.requeue_cause = rec.incarnations[-1].cause
+            self._log.debug(
+                "block requeue cause corrected: preempted, the stderr says so now",
+                pool=block.spec.pool, block=block.block_id, job=rec.job_id,
+                incarnations=corrected,
+            )  # fmt: skip
         self._set(job, state, rec.detail)
+
+    def _read_stderr(self, job: _Job) -> str:
+        job.stderr_size = _size(job.stderr)
+        return _read_text(job.stderr)
+
+
+def _size(path: Path) -> int:
+    """The file's size, or -1 if it cannot be read."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def _read_text(path: Path, limit: int = 1 << 20) -> str:

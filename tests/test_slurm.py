@@ -269,7 +269,13 @@ async def test_owner_job_preempts_a_ckpt_block_and_its_requeue_is_a_new_incarnat
                 await wait_until(lambda: rec.restarts == 1, step=0.05)
                 seen_after = anyio.current_time() - t0
                 assert block.state is BlockState.PENDING  # not ended, not a second block
-                assert [i.cause for i in rec.incarnations] == ["preempted"]
+                # slurmstepd writes `DUE TO PREEMPTION` on its own time: the look that
+                # saw the requeue may say `requeued`, a later one (the line in) corrects it.
+                await wait_until(
+                    lambda: [i.cause for i in rec.incarnations] == ["preempted"],
+                    "the requeue's cause read from the stderr", limit=10, step=0.05,
+                )  # fmt: skip
+                assert block.requeue_cause == "preempted"
                 assert "incarnation 2" in block.detail
                 assert list(provider.blocks) == ["block-1"]
                 assert not block.state.terminal

@@ -5,15 +5,17 @@ stop on submission failures with a fake clock. No Slurm needed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from actors.providers import BlockSpec, BlockState
+from actors.providers import Block, BlockSpec, BlockState
 from actors.slurm import (
     SQUEUE_FORMAT,
     WORKER_INIT_FAILED,
@@ -367,6 +369,66 @@ def test_requeues_missed_between_two_looks_each_count() -> None:
     assert rec.observe(info("RUNNING", job="1", restarts=2), twice) is BlockState.RUNNING
     assert rec.restarts == 2
     assert [(i.number, i.cause) for i in rec.incarnations] == [(0, "preempted"), (1, "preempted")]
+
+
+def causes(rec: JobRecord) -> list[tuple[int, str]]:
+    return [(i.number, i.cause) for i in rec.incarnations]
+
+
+def test_a_preemption_line_after_the_look_that_saw_the_requeue_makes_it_preempted() -> None:
+    # CI: slurmstepd wrote `DUE TO PREEMPTION` after the refresh that saw the requeue,
+    # which recorded it `requeued` for ever.
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    assert rec.observe(info("COMPLETING", job="1", restarts=1), "") is BlockState.PENDING
+    assert causes(rec) == [(0, "requeued")]
+    assert "last requeued" in rec.detail
+    assert rec.observe(info("PENDING", job="1", restarts=1), PREEMPTION_1) is BlockState.PENDING
+    assert causes(rec) == [(0, "preempted")]
+    assert rec.incarnations[0].slurm_state == "RUNNING"  # the rest of it is kept
+    assert "last preempted" in rec.detail
+    # Never back: a look without the stderr (or with less of it) changes nothing.
+    rec.observe(info("PENDING", job="1", restarts=1), "")
+    assert rec.observe(info("RUNNING", job="1", restarts=1)) is BlockState.RUNNING
+    assert causes(rec) == [(0, "preempted")]
+
+
+def test_two_requeues_and_one_preemption_line_are_one_preempted_one_requeued() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    rec.observe(info("PENDING", job="1", restarts=1))
+    rec.observe(info("RUNNING", job="1", restarts=1))
+    rec.observe(info("PENDING", job="1", restarts=2))
+    assert causes(rec) == [(0, "requeued"), (1, "requeued")]
+    rec.observe(info("PENDING", job="1", restarts=2), PREEMPTION_1)
+    assert causes(rec) == [(0, "preempted"), (1, "requeued")]  # the earliest first
+    rec.observe(info("PENDING", job="1", restarts=2), PREEMPTION_1)  # the same line again
+    assert causes(rec) == [(0, "preempted"), (1, "requeued")]
+    second = PREEMPTION_1.replace("17:50:30", "17:53:00")
+    rec.observe(info("RUNNING", job="1", restarts=2), PREEMPTION_1 + second)
+    assert causes(rec) == [(0, "preempted"), (1, "preempted")]
+
+
+def test_a_preemption_line_of_another_job_does_not_make_a_requeue_preempted() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    rec.observe(info("PENDING", job="1", restarts=1))
+    for other in ("JOB 2 ", "JOB 11 ", "JOB 21 "):  # also ids that contain "1"
+        rec.observe(info("PENDING", job="1", restarts=1), PREEMPTION_1.replace("JOB 1 ", other))
+    assert causes(rec) == [(0, "requeued")]
+    assert "last requeued" in rec.detail
+
+
+def test_the_preemption_line_of_a_cancelled_end_is_not_an_earlier_requeues() -> None:
+    # scontrol requeue (no line), then preempted on a PreemptMode=CANCEL partition: the
+    # one line is the end's, the requeue stays `requeued`.
+    rec = JobRecord("2")
+    rec.observe(info("RUNNING", job="2"))
+    rec.observe(info("PENDING", job="2", restarts=1))
+    rec.observe(info("RUNNING", job="2", restarts=1))
+    stderr = PREEMPTION_1.replace("JOB 1", "JOB 2")
+    assert rec.observe(info("PREEMPTED", job="2", restarts=1), stderr) is BlockState.PREEMPTED
+    assert causes(rec) == [(0, "requeued")]
 
 
 def test_head_tail_keeps_short_text() -> None:
@@ -771,6 +833,30 @@ async def test_missing_slurm_commands_are_a_clear_error(
     assert provider.error is err and provider.blocks == {}
 
 
+@contextlib.asynccontextmanager
+async def _requeued_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[SlurmProvider, Block]]:
+    """A provider over fake Slurm commands whose one block (job 101, pool ``ckpt``) ran
+    and was requeued, seen: incarnation 2. Its stderr file holds the script's first line
+    only (no preemption line)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    put(state / "squeue.txt", "101|RUNNING|None|0|0|vm|\n")
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", status_interval=0.01)
+    async with provider.running():
+        block = await provider.start_block(BlockSpec(pool="ckpt"))
+        (tmp_path / "run" / "block-1.err").write_text("corral: block block-1, Slurm job 101\n")
+        while provider.poll(block) is not BlockState.RUNNING:
+            await provider.wait_refreshed()
+        put(state / "squeue.txt", "101|PENDING|BeginTime|1|0||\n")  # requeued
+        while block.incarnation != 2:
+            await provider.wait_refreshed()
+        yield provider, block
+
+
 @pytest.mark.anyio
 async def test_a_requeue_is_no_warning_of_the_provider(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -781,21 +867,31 @@ async def test_a_requeue_is_no_warning_of_the_provider(
     autoscaler's ``worker block requeued`` (info for a preemption, warning for another;
     tests/test_autoscaler_preemption.py); the provider's is a detail, at debug."""
     caplog.set_level(logging.DEBUG, logger="corral")
-    state = tmp_path / "state"
-    state.mkdir()
-    _fake_slurm(tmp_path / "bin", state)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    put(state / "squeue.txt", "101|RUNNING|None|0|0|vm|\n")
-    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", status_interval=0.01)
     with anyio.fail_after(30):
-        async with provider.running():
-            block = await provider.start_block(BlockSpec(pool="ckpt"))
-            while provider.poll(block) is not BlockState.RUNNING:
-                await provider.wait_refreshed()
-            put(state / "squeue.txt", "101|PENDING|BeginTime|1|0||\n")  # requeued
-            while block.incarnation != 2:
-                await provider.wait_refreshed()
+        async with _requeued_block(tmp_path, monkeypatch):
+            pass
     requeued = [r for r in caplog.records if "a new incarnation" in r.getMessage()]
     assert [r.levelno for r in requeued] == [logging.DEBUG], [r.getMessage() for r in requeued]
     assert "pool='ckpt' block='block-1' job='101' incarnation=2" in requeued[0].getMessage()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.anyio
+async def test_a_preemption_line_written_after_the_requeue_was_seen_corrects_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The block's ``requeue_cause`` (what the autoscaler reads) follows the record's
+    correction: the job's stderr is read again once it grows, until the job runs again."""
+    caplog.set_level(logging.DEBUG, logger="corral")
+    with anyio.fail_after(30):
+        async with _requeued_block(tmp_path, monkeypatch) as (provider, block):
+            assert block.requeue_cause == "requeued"  # no preemption line yet
+            err = tmp_path / "run" / "block-1.err"
+            with err.open("a") as f:  # slurmstepd's line, late
+                f.write(PREEMPTION_1.replace("JOB 1 ", "JOB 101 "))
+            while block.requeue_cause != "preempted":
+                await provider.wait_refreshed()
+            assert [i.cause for i in provider.record(block).incarnations] == ["preempted"]
+            assert "last preempted" in block.detail
+    fixed = [r.getMessage() for r in caplog.records if "cause corrected" in r.getMessage()]
+    assert len(fixed) == 1 and "job='101' incarnations=[1]" in fixed[0], fixed
