@@ -30,11 +30,12 @@ it, else ``requeued``. slurmstepd writes that line on its own time, after the lo
 saw the requeue at times: the stderr is read again at the next looks (while it grows,
 until the job runs again), and a line found then makes the earliest ``requeued``
 incarnation ``preempted`` (:meth:`JobRecord.observe`; never the other way), the block's
-``requeue_cause`` too. A job that is no longer in ``squeue`` is not taken as completed: ``scontrol
-show job`` is asked, and only if the controller does not know it either is the block
-MISSING. A job ended by preemption (``PREEMPTED``, or cancelled with the ``DUE TO
-PREEMPTION`` line in its stderr) is PREEMPTED. A failed block's detail carries the head
-and tail of its stderr file.
+``requeue_cause`` too. A requeue with no such line yet is reported on the block (what
+the autoscaler reads, and acts on at once) one look later. A job that is no longer in
+``squeue`` is not taken as completed: ``scontrol show job`` is asked, and only if the
+controller does not know it either is the block MISSING. A job ended by preemption
+(``PREEMPTED``, or cancelled with the ``DUE TO PREEMPTION`` line in its stderr) is
+PREEMPTED. A failed block's detail carries the head and tail of its stderr file.
 
 Slurm unreachable (``slurmctld`` down, a command missing, ``sbatch`` refusing) is a
 :class:`~runtime.errors.BatchSystemError` naming the command, its exit code and stderr:
@@ -747,6 +748,7 @@ class _Job:
     ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     cancel_pending: bool = False  #: scancel failed: retried by the refresher
     stderr_size: int = -1  #: the stderr file's size when it was last read
+    held: int = 0  #: the block's incarnation when a requeue's report was held a look
 
 
 _ADVICE = {
@@ -1134,7 +1136,6 @@ class SlurmProvider(Provider):
 
     def _apply(self, job: _Job, info: JobInfo | None) -> None:
         rec = job.record
-        before = rec.restarts
         stderr = ""
         mapped = None if info is None else block_state(info.state)
         requeued = info is not None and (
@@ -1150,8 +1151,25 @@ class SlurmProvider(Provider):
         causes = [i.cause for i in rec.incarnations]
         state = rec.observe(info, stderr)
         block = job.block
-        if rec.restarts != before:
+        corrected = [  # the runs (from 1) reported requeued whose end was a preemption
+            i.number + 1
+            for i, was in zip(rec.incarnations, causes, strict=False)
+            if i.cause != was and i.number + 1 < block.incarnation
+        ]
+        if corrected:
+            block.requeue_cause = rec.incarnations[block.incarnation - 2].cause
+            self._log.debug(
+                "block requeue cause corrected: preempted, the stderr says so now",
+                pool=block.spec.pool, block=block.block_id, job=rec.job_id,
+                incarnations=corrected,
+            )  # fmt: skip
+        if rec.restarts + 1 > block.incarnation:  # a requeue not reported yet
             last = rec.incarnations[-1]
+            if last.cause != "preempted" and job.held != block.incarnation and not state.terminal:
+                # No preemption line yet: it may come after this look. The block (what
+                # the autoscaler reads) says nothing of the requeue until the next look.
+                job.held = block.incarnation
+                return
             block.incarnation, block.requeue_cause = rec.restarts + 1, last.cause
             # At debug: the autoscaler's `worker block requeued` is the line an operator
             # reads (info for a preemption's requeue, expected; warning for another).
@@ -1159,16 +1177,6 @@ class SlurmProvider(Provider):
                 "block requeued: a new incarnation", pool=block.spec.pool,
                 block=block.block_id, job=rec.job_id, incarnation=rec.restarts + 1,
                 cause=last.cause,
-            )  # fmt: skip
-        corrected = [  # the runs (from 1) whose end was a preemption after all
-            i.number + 1 for i, was in zip(rec.incarnations, causes, strict=False) if i.cause != was
-        ]
-        if corrected:
-            block.requeue_cause = rec.incarnations[-1].cause
-            self._log.debug(
-                "block requeue cause corrected: preempted, the stderr says so now",
-                pool=block.spec.pool, block=block.block_id, job=rec.job_id,
-                incarnations=corrected,
             )  # fmt: skip
         self._set(job, state, rec.detail)
 

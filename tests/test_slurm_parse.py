@@ -834,12 +834,11 @@ async def test_missing_slurm_commands_are_a_clear_error(
 
 
 @contextlib.asynccontextmanager
-async def _requeued_block(
+async def _running_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[SlurmProvider, Block]]:
-    """A provider over fake Slurm commands whose one block (job 101, pool ``ckpt``) ran
-    and was requeued, seen: incarnation 2. Its stderr file holds the script's first line
-    only (no preemption line)."""
+) -> AsyncIterator[tuple[SlurmProvider, Block, Path]]:
+    """A provider over fake Slurm commands (their state directory too) whose one block
+    (job 101, pool ``ckpt``) runs. Its stderr file holds the script's first line."""
     state = tmp_path / "state"
     state.mkdir()
     _fake_slurm(tmp_path / "bin", state)
@@ -851,6 +850,15 @@ async def _requeued_block(
         (tmp_path / "run" / "block-1.err").write_text("corral: block block-1, Slurm job 101\n")
         while provider.poll(block) is not BlockState.RUNNING:
             await provider.wait_refreshed()
+        yield provider, block, state
+
+
+@contextlib.asynccontextmanager
+async def _requeued_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[SlurmProvider, Block]]:
+    """:func:`_running_block`'s block requeued (no preemption line), seen: incarnation 2."""
+    async with _running_block(tmp_path, monkeypatch) as (provider, block, state):
         put(state / "squeue.txt", "101|PENDING|BeginTime|1|0||\n")  # requeued
         while block.incarnation != 2:
             await provider.wait_refreshed()
@@ -895,3 +903,26 @@ async def test_a_preemption_line_written_after_the_requeue_was_seen_corrects_its
             assert "last preempted" in block.detail
     fixed = [r.getMessage() for r in caplog.records if "cause corrected" in r.getMessage()]
     assert len(fixed) == 1 and "job='101' incarnations=[1]" in fixed[0], fixed
+
+
+@pytest.mark.anyio
+async def test_a_requeue_without_its_preemption_line_is_reported_a_look_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The autoscaler acts on a requeue's cause as soon as the block reports it (its log
+    line, its listed end, the workers' loss cause): a requeue with no preemption line yet
+    is reported one look later, so a line slurmstepd writes meanwhile is read first."""
+    with anyio.fail_after(30):
+        async with _running_block(tmp_path, monkeypatch) as (provider, block, state):
+            rec = provider.record(block)
+            put(state / "squeue.txt", "101|COMPLETING|None|1|0|vm|\n")  # requeued
+            while rec.restarts != 1:
+                await provider.wait_refreshed()
+            assert [i.cause for i in rec.incarnations] == ["requeued"]
+            assert (block.incarnation, block.state) == (1, BlockState.RUNNING)  # held
+            with (tmp_path / "run" / "block-1.err").open("a") as f:  # slurmstepd's line
+                f.write(PREEMPTION_1.replace("JOB 1 ", "JOB 101 "))
+            while block.incarnation != 2:
+                await provider.wait_refreshed()
+            assert block.requeue_cause == "preempted"
+            assert block.state is BlockState.PENDING and "last preempted" in block.detail
