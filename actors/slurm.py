@@ -282,7 +282,7 @@ class Incarnation:
     """One run of a block's job that ended with the job requeued (same id)."""
 
     number: int  #: 0 for the first run
-    cause: str  #: "preempted" or "requeued"
+    cause: str  #: "preempted" or "requeued" (until a later look finds its preemption line)
     slurm_state: str  #: the last state seen in that run
 
 
