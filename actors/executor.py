@@ -40,16 +40,23 @@ mode the worker's plus that of the programs started from its threads.
 How task processes work: each is started with the ``spawn`` start method (never
 ``fork``: the worker is multi-threaded) by the thread that feeds it, and dies with its
 parent (``PR_SET_PDEATHSIG`` on Linux, plus a lifeline pipe whose end-of-file ends it
-anywhere; both as for worker processes, :mod:`runtime.lifeline`). It leads a session
-(and process group) of its own, which the programs its tasks start join: wherever the
-worker stops a task process (a timeout, a cancel, the terminate fence, its shutdown, a
-replacement) it SIGKILLs the whole group (:func:`signal_group`), so those programs stop
-with it. It ignores SIGINT and SIGTERM (a batch system's stop reaches every process of
-the job, and a terminal's Ctrl-C the worker's process group, not the task process's; the
-worker, told the same moment, stops its task processes itself and its tries are lost
-with it, not failed: SIGTERM by a no-op handler, so a program the task runs gets the
-default action back at exec). A worker killed outright (SIGKILL) takes its task
-processes with it, but not the programs they started. A job travels as the
+anywhere; both as for worker processes, :mod:`runtime.lifeline`). It leads a process
+group of its own, which the programs its tasks start join: wherever the worker stops a
+task process (a timeout, a cancel, the terminate fence, its shutdown, a replacement) it
+SIGKILLs the whole group (:func:`signal_group`), so those programs stop with it. That
+group is in the worker's session when the worker leads one (a worker Corral started:
+its own, without a terminal), else in a session of its own (a worker started from a
+shell: the terminal's job control reaches the worker's group alone, as before)
+(:func:`runtime.lifeline.own_process_group`). It ignores SIGINT and SIGTERM (a batch
+system's stop reaches every process of the job, and a terminal's Ctrl-C the worker's
+process group, not the task process's; the worker, told the same moment, stops its task
+processes itself and its tries are lost with it, not failed: SIGTERM by a no-op handler,
+so a program the task runs gets the default action back at exec). A worker killed
+outright (SIGKILL, the OOM killer) takes its task processes with it (PDEATHSIG), and
+nothing of it runs to stop the programs they, or its threads, started: for a worker
+Corral started, its parent (a local process provider) kills every process left in the
+worker's session once it has exited (:func:`runtime.lifeline.kill_session`, Linux), so
+they go too, unless they made a session of their own. A job travels as the
 key, the node pickled by ``cloudpickle`` (a :class:`~runtime.graph.PickledNode` is
 sent as the bytes it already holds) and the inputs pickled with protocol 5, their
 out-of-band buffers (numpy arrays, ...) written straight from their memory and read
@@ -100,7 +107,7 @@ from runtime import pickling, unpickling
 from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
-from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
+from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent, own_process_group
 from runtime.log import get_logger
 from runtime.remote import (
     DEFAULT_MAX_TASK_ERROR_BYTES,
@@ -1351,12 +1358,13 @@ def _task_process_main(
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
     global _SANDBOX, _WORKER, _ERROR_LIMIT
-    # A session (and process group) of our own, which the programs our tasks start
-    # join: the worker signals the whole group when it stops us (a timeout, a cancel,
-    # the terminate fence, its shutdown), so they stop with the try. Never the
-    # worker's group: a signal to ours cannot reach it.
-    with contextlib.suppress(OSError):  # (already a group leader: never, when spawned)
-        os.setsid()
+    # A process group of our own, which the programs our tasks start join: the worker
+    # signals the whole group when it stops us (a timeout, a cancel, the terminate
+    # fence, its shutdown), so they stop with the try. Never the worker's group: a
+    # signal to ours cannot reach it. In the worker's session when it leads one (it
+    # was started by Corral), whose parent kills what is left there if the worker is
+    # killed outright; else a session of our own (runtime/lifeline.py says why).
+    own_process_group(parent_pid)
     _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
     for name in SECRET_VARIABLES:  # the worker's token is none of its tasks' business
         os.environ.pop(name, None)
@@ -1896,9 +1904,9 @@ _pidfd_groups = True
 def signal_group(pidfd: int | None, pid: int, sig: int) -> None:
     """Send ``sig`` to process ``pid`` (a task process: through its ``pidfd`` when it
     has one, which never reaches a process that took its number after it was reaped),
-    then to the process group it leads (in its session of its own), which the
-    processes it started are in unless they left it; nothing to a group that has no
-    member left (nor to one before it made its session: the process alone).
+    then to the process group it leads (:func:`runtime.lifeline.own_process_group`),
+    which the processes it started are in unless they left it; nothing to a group that
+    has no member left (nor to one before it made it: the process alone).
 
     The group through the ``pidfd`` where the kernel can (Linux 6.9 and later): that
     names the group by its leader, never one whose id came back into use after it.
@@ -1935,8 +1943,8 @@ def kill_task_processes() -> int:
     group (the programs its tasks started), at once; how many there were. For a process
     about to end without stopping its executors (``os._exit`` at a second Ctrl-C, a
     lost lifeline): its task processes would die with it, but not the programs they
-    started, which are in sessions of their own and no longer get the terminal's
-    signals."""
+    started, which are in process groups of their own and no longer get the terminal's
+    signals (nor is anything left to kill its session after it, where it leads one)."""
     killed = 0
     for ex in list(_EXECUTORS):
         with ex._state:
@@ -1951,7 +1959,7 @@ def stop_resource_tracker() -> None:
     """Stop multiprocessing's resource tracker, which the first task process started,
     once no task process is left (each holds its pipe, which it waits on): for a worker
     process about to exit, so that it leaves no process behind (a process provider
-    kills what is left in its process group, and warns of it)."""
+    kills what is left in its session, and warns of it)."""
     from multiprocessing import resource_tracker
 
     if multiprocessing.active_children():  # (it reaps the ended ones)

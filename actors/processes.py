@@ -39,8 +39,12 @@ How orphans are prevented (the parent may die in any way, SIGKILL included):
    and delay the end-of-file.
 
 Children also get a session (and process group) of their own, so a terminal's Ctrl-C
-reaches only the parent, which then stops them in order; escalation to SIGKILL and the
-clean-up after a child exits reach the child's whole process group.
+reaches only the parent, which then stops them in order; escalation to SIGKILL reaches
+the child's whole process group, and the clean-up after a child exits its whole session
+(Linux; elsewhere its process group): whatever it started and left there, however it
+ended. A worker killed outright (SIGKILL, the OOM killer) leaves the programs its tasks
+started: its threads' in its group, its task processes' in their groups in its session
+(:func:`runtime.lifeline.kill_session` says what this covers, and what not).
 
 Processes are driven through asyncio (``loop.subprocess_exec``, which takes the
 ``preexec_fn`` anyio's ``open_process`` does not), as is all of Corral.
@@ -68,7 +72,7 @@ import anyio.abc
 
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from runtime.errors import describe_exit
-from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent_preexec
+from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent_preexec, kill_session
 from runtime.log import JSON_LINES_ENV, get_logger, relayed
 
 __all__ = [
@@ -258,23 +262,29 @@ class ChildProcess(anyio.abc.Process):
         if fd is not None:
             os.close(fd)
 
-    def kill_leftovers(self) -> bool:
-        """SIGKILL what the exited child left in its process group; whether any was left.
+    def kill_leftovers(self) -> int:
+        """SIGKILL what the exited child left in its session (it leads one of its own:
+        ``new_session=True``), process groups made in it included; how many processes
+        were left (0: none).
 
-        Safe after the child was reaped: a process-group id is not reused while the
-        group has members.
+        That reaches what the child started, however it ended (SIGKILL, the OOM killer):
+        a worker's threads' programs, and its task processes and the programs their
+        tasks started (in groups of their own in its session:
+        :func:`runtime.lifeline.own_process_group`). On Linux every process of the
+        session (:func:`runtime.lifeline.kill_session`); elsewhere the child's process
+        group alone. Safe after the child was reaped: neither a session's nor a process
+        group's id is given to another while it has members.
         """
         if not self._own_group or self.returncode is None:
-            return False
+            return 0
+        if sys.platform.startswith("linux"):
+            return len(kill_session(self._pid))
         try:
             os.killpg(self._pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        try:
             os.killpg(self._pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            return False
-        return True
+            return 0
+        return 1
 
     def release(self) -> None:
         """Close pipes and lifeline without waiting (SIGKILL first if it still runs)."""
@@ -864,10 +874,12 @@ class LocalProcessProvider(Provider):
                     await process.wait()
                     # Whatever the child left behind may hold the pipes open: stop it, and
                     # read what is already buffered for at most `drain` seconds.
-                    if process.kill_leftovers():
+                    left = process.kill_leftovers()
+                    if left:
                         self._log.warning(
-                            "killed processes the worker left in its process group",
+                            "killed processes the worker left in its session",
                             child=child.worker_id,
+                            processes=left,
                         )
                     forwarders.cancel_scope.deadline = anyio.current_time() + self.drain
         finally:

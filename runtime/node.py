@@ -2445,7 +2445,7 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
     from actors.processes import watch_lifeline
 
     task_status.started()
-    await watch_lifeline(kill_task_processes)  # their programs are in sessions of their own
+    await watch_lifeline(kill_task_processes)  # their programs are in groups of their own
 
 
 def _dashboard_sources(plane: ControlPlane) -> Sources:

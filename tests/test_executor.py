@@ -370,6 +370,23 @@ async def test_shutdown_leaves_no_task_process_alive() -> None:
     assert (await delivered.get("queued"))[0].outcome == "cancelled"
 
 
+def process_ids() -> tuple[int, int, int]:
+    return os.getpid(), os.getpgid(0), os.getsid(0)
+
+
+async def test_a_task_process_leads_a_group_and_a_session_unless_its_worker_leads_one() -> None:
+    """A task process leads a process group of its own (which the worker kills to stop
+    it with its programs). A worker that does not lead a session (this test process,
+    like a worker started from a shell) gives it a session of its own too, as before:
+    a terminal's job control does not reach it."""
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("ids", process_ids), {})
+        result, (pid, group, session) = await delivered.get("ids")
+    assert result.outcome == "ok", result.error
+    assert group == pid
+    assert session == (os.getpid() if os.getsid(0) == os.getpid() else pid)
+
+
 ORPHANED = """
 import asyncio, os
 from dask._task_spec import Task

@@ -9,6 +9,7 @@ steps inside such a bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
@@ -36,7 +37,7 @@ from actors.processes import (
 )
 from actors.providers import Block, BlockSpec, BlockState
 from runtime.kernel import Actor, ActorSystem, handles
-from runtime.lifeline import ORPHANED_EXIT_CODE, die_with_parent_preexec
+from runtime.lifeline import ORPHANED_EXIT_CODE, die_with_parent_preexec, kill_session
 from runtime.messages import WorkerGone
 from tests.helpers import LogLines, log_lines, wait_until
 
@@ -436,11 +437,55 @@ async def test_processes_a_worker_leaves_behind_are_killed_with_a_warning(
     pid = int(line.split("grandchild ")[1].split("'")[0])
     assert corral_log.has(
         "level='warning'",
-        "killed processes the worker left in its process group",
+        "killed processes the worker left in its session",
         "child='worker-1'",
     )
     with anyio.fail_after(LIMIT):
         await wait_until(lambda: gone(pid))
+
+
+#: a child that starts ``sleep 300`` in a process group of its own (as a worker's task
+#: process is), prints its pid and waits
+GROUP_MAKER = """
+import subprocess, time
+program = subprocess.Popen(["sleep", "300"], process_group=0)
+print(program.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sessions are read in /proc")
+async def test_a_killed_child_s_process_groups_in_its_session_are_killed_after_it() -> None:
+    """A child killed outright (SIGKILL) leaves a program in a process group of its own,
+    in the child's session: the clean-up after the child's exit kills it (it reached
+    the child's process group alone)."""
+    with anyio.fail_after(LIMIT):
+        child = await spawn_child([sys.executable, "-c", GROUP_MAKER], pdeathsig=None)
+        async with child:
+            assert child.stdout is not None
+            line = await BufferedByteReceiveStream(child.stdout).receive_until(b"\n", 64)
+            program = int(line)
+            try:
+                assert os.getpgid(program) == program and os.getsid(program) == child.pid
+                os.kill(child.pid, signal.SIGKILL)
+                await child.wait()
+                assert child.kill_leftovers() == 1
+                await wait_until(lambda: gone(program))
+                assert child.kill_leftovers() == 0  # nothing left
+            finally:
+                with contextlib.suppress(OSError):
+                    os.kill(program, signal.SIGKILL)
+
+
+def test_kill_session_never_signals_this_process_s_session() -> None:
+    """Neither this process's session (a manager's, a user's shell's) nor init's, nor a
+    session nobody is in: nothing signalled."""
+    assert kill_session(os.getsid(0)) == []
+    assert kill_session(1) == []
+    assert kill_session(0) == []
+    child = subprocess.Popen(["true"], start_new_session=True)
+    child.wait()
+    assert kill_session(child.pid) == []  # an ended session, none of it left
 
 
 async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(

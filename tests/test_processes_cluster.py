@@ -285,8 +285,8 @@ async def test_a_process_execution_worker_stops_its_task_processes_before_it_exi
 ) -> None:
     """A worker process stops its task processes (and multiprocessing's resource
     tracker, which the first one started) before it exits: a clean stop leaves nothing
-    in its process group for the provider to kill, so no warning of it (every clean
-    stop logged one before)."""
+    in its session (its task processes are in it) for the provider to kill, so no
+    warning of it (every clean stop logged one before)."""
     import logging
 
     caplog.set_level(logging.INFO, logger="corral")
@@ -295,7 +295,7 @@ async def test_a_process_execution_worker_stops_its_task_processes_before_it_exi
             assert await c.submit(len, "abc") == 3
     messages = [r.getMessage() for r in caplog.records]
     assert any("event='worker left'" in m for m in messages)
-    assert not [m for m in messages if "left in its process group" in m]
+    assert not [m for m in messages if "killed processes the worker left" in m]
 
 
 @pytest.mark.anyio

@@ -132,9 +132,11 @@ async def test_a_killed_task_process_takes_the_programs_its_task_started(
         ex.submit(job("tool", run_tool, str(pidfile)), {})
         pid = await tool_pid(pidfile)
         (task_pid,) = ex.running().values()
-        # The task process leads a session of its own, which the tool is in; the
-        # worker (this process) is never in it.
-        assert os.getsid(task_pid) == os.getpgid(task_pid) == task_pid
+        # The task process leads a process group of its own, which the tool is in; the
+        # worker (this process) is never in it. (A session of its own too, unless this
+        # process leads one: runtime.lifeline.own_process_group.)
+        assert os.getpgid(task_pid) == task_pid
+        assert os.getsid(task_pid) in (task_pid, os.getsid(0))
         assert os.getpgid(pid) == task_pid != os.getpgrp()
         assert pid in descendants(task_pid)
         if how == "cancelled":
@@ -147,7 +149,7 @@ async def test_a_killed_task_process_takes_the_programs_its_task_started(
 
 async def test_shutdown_stops_programs_running_and_left_behind(tmp_path: Path) -> None:
     """The executor's shutdown (the worker's, on Ctrl-C or SIGTERM: the terminal's
-    SIGINT no longer reaches a task process's session) stops the program of a running
+    SIGINT no longer reaches a task process's group) stops the program of a running
     task and one an ended task left running in the background."""
     running, left = tmp_path / "running.pid", tmp_path / "left.pid"
     async with executor("process", 2, running, left) as (ex, delivered):
@@ -279,7 +281,7 @@ async def test_ctrl_c_of_a_worker_stops_the_programs_its_tasks_started(
 ) -> None:
     """A worker process in process execution, interrupted (SIGINT, as a terminal's
     Ctrl-C; twice: it exits at once) while its task runs a tool: the tool, in its task
-    process's session, which the terminal's Ctrl-C does not reach, is stopped by the
+    process's process group, which the terminal's Ctrl-C does not reach, is stopped by the
     worker."""
     pidfile = tmp_path / "tool.pid"
     port = 56400 + 20 * interrupts  # this test's ports: 56420-56439, 56440-56459
@@ -472,3 +474,59 @@ async def test_a_task_process_is_never_signalled_by_number_once_reaped(
     ours = [c for c in calls if c[1] == task_pid]
     assert ("killpg", task_pid, False) in ours  # its group was signalled ...
     assert not [c for c in ours if c[2]]  # ... and nothing once it was reaped
+
+
+# ----------------------------------------------------------------------------- killed outright
+
+
+def start_and_wait(pidfile: str, own_group: bool) -> int:
+    """A task body: start ``sleep 300`` (with ``own_group``, in a process group of its
+    own, as a shell with job control runs its pipelines), write ``<its pid> <this
+    process's pid> <this process's parent's pid> <this process's session>`` to
+    ``pidfile`` (whole, by a rename) and wait for it. Its retry, once the file is
+    there, returns at once."""
+    path = Path(pidfile)
+    if path.exists():
+        return 0
+    program = subprocess.Popen(["sleep", "300"], process_group=0 if own_group else None)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{program.pid} {os.getpid()} {os.getppid()} {os.getsid(0)}")
+    tmp.rename(path)
+    return program.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sessions are read in /proc")
+@pytest.mark.parametrize(
+    ("execution", "own_group", "port"),
+    [("process", False, 40510), ("thread", False, 40530), ("thread", True, 40550)],
+)
+async def test_a_worker_killed_outright_takes_the_programs_its_tasks_started(
+    tmp_path: Path, execution: str, own_group: bool, port: int
+) -> None:
+    """A worker process that the OOM killer (or ``kill -9``) ends runs nothing more: the
+    program its task started (a task process's child, in process execution; its own,
+    in thread execution, also in a process group of its own) was left running,
+    re-parented to init. Its parent, the cluster's local process provider, now kills
+    what is left in the worker's session once the worker has exited."""
+    pidfile = tmp_path / "program.pid"
+    pool = {
+        "provider": "local",
+        "execution": execution,
+        "worker_port_range": f"{port + 1}-{port + 19}",
+    }
+    with anyio.fail_after(BOUND * 2):  # (two worker processes start)
+        try:
+            async with Cluster(pools={"p": pool}, processes=True, port=port) as c:
+                fut = c.submit(start_and_wait, str(pidfile), own_group)
+                await wait_until(pidfile.exists, f"the program's pid in {pidfile}", limit=BOUND)
+                program, runner, parent, session = map(int, pidfile.read_text().split())
+                worker = runner if execution == "thread" else parent
+                assert psutil.Process(worker).cmdline()[1:4] == ["-m", "runtime", "worker"]
+                assert not gone(program)
+                os.kill(worker, signal.SIGKILL)
+                await wait_until(lambda: gone(program), "the program to be gone", limit=20)
+                assert session == worker  # a task process stayed in its worker's session
+                fut.release()
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
