@@ -262,22 +262,24 @@ class ChildProcess(anyio.abc.Process):
         if fd is not None:
             os.close(fd)
 
-    def kill_leftovers(self) -> int:
-        """SIGKILL what the exited child left in its session (it leads one of its own:
-        ``new_session=True``), process groups made in it included; how many processes
-        were left (0: none).
+    def kill_leftovers(self, session: bool = False) -> int:
+        """SIGKILL what the exited child left in its process group (it leads one of its
+        own: ``new_session=True``) or, with ``session``, in its whole session, process
+        groups made in it included; how many processes were left (0: none; 1 for any
+        when only the group is signalled, whose members are not counted).
 
-        That reaches what the child started, however it ended (SIGKILL, the OOM killer):
-        a worker's threads' programs, and its task processes and the programs their
-        tasks started (in groups of their own in its session:
-        :func:`runtime.lifeline.own_process_group`). On Linux every process of the
-        session (:func:`runtime.lifeline.kill_session`); elsewhere the child's process
-        group alone. Safe after the child was reaped: neither a session's nor a process
-        group's id is given to another while it has members.
+        The session reaches what the child started, however it ended (SIGKILL, the OOM
+        killer): a worker's threads' programs, and its task processes and the programs
+        their tasks started (in groups of their own in its session:
+        :func:`runtime.lifeline.own_process_group`). It is read in /proc, a pass over
+        every process of the machine (:func:`runtime.lifeline.kill_session`; Linux only,
+        elsewhere the process group alone), so run it off the event loop's thread. Safe
+        after the child was reaped: neither a session's nor a process group's id is
+        given to another while it has members.
         """
         if not self._own_group or self.returncode is None:
             return 0
-        if sys.platform.startswith("linux"):
+        if session and sys.platform.startswith("linux"):
             return len(kill_session(self._pid))
         try:
             os.killpg(self._pid, 0)
@@ -874,7 +876,7 @@ class LocalProcessProvider(Provider):
                     await process.wait()
                     # Whatever the child left behind may hold the pipes open: stop it, and
                     # read what is already buffered for at most `drain` seconds.
-                    left = process.kill_leftovers()
+                    left = await anyio.to_thread.run_sync(process.kill_leftovers, True)
                     if left:
                         self._log.warning(
                             "killed processes the worker left in its session",
