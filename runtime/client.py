@@ -57,6 +57,7 @@ from runtime.errors import (
     ActorStopped,
     AddressInUse,
     AskTimeout,
+    ClusterAlreadyStarted,
     ConnectFailed,
     CorralError,
     DaskOnlyArgument,
@@ -1745,9 +1746,14 @@ class Cluster:
 
         The actors live in a task of their own, so ``start`` and :meth:`close` may be
         called from different tasks (aiohttp cleanup contexts, test fixtures).
+
+        Raises :class:`~runtime.errors.ClusterAlreadyStarted`, and starts nothing, while
+        another start of it is under way (two tasks starting it at once would each start
+        a set of actors and workers, and the first set would never be stopped) or once it
+        runs; a failed start lets it start again.
         """
-        if self._system is not None:
-            raise CorralError("this cluster is already running")
+        if self._starting or self._system is not None:
+            raise ClusterAlreadyStarted("starting" if self._starting else "running")
         self._starting = True
         try:
             await self._start_system()

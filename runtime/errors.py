@@ -27,6 +27,7 @@ __all__ = [
     "AuthenticationFailed",
     "BatchSystemError",
     "CancelledError",
+    "ClusterAlreadyStarted",
     "ConnectFailed",
     "ConnectionClosed",
     "ConsoleError",
@@ -1788,6 +1789,31 @@ class WorkersTimeout(CorralError, TimeoutError):
             wanted=wanted,
             joined=joined,
             seconds=seconds,
+        )
+
+
+class ClusterAlreadyStarted(CorralError, RuntimeError):
+    """``Cluster.start()`` (or ``async with cluster``) on a cluster whose start is under
+    way (``state`` ``"starting"``: another task's ``start()``, not finished yet) or that
+    runs already (``"running"``). Nothing is started: a second start would start a
+    second set of actors and workers for the same object. Also a ``RuntimeError``."""
+
+    def __init__(self, state: str) -> None:
+        if state == "starting":
+            what = (
+                "this cluster is starting already: another start() of it (or `async "
+                "with` it) is under way, in another task. Await that one, then use the "
+                "cluster"
+            )
+        else:
+            what = (
+                "this cluster is already running (an earlier start() or `async with` "
+                "started it): use it as it is; `async with` it again would close it when "
+                "its block is left"
+            )
+        super().__init__(
+            f"{what}. Nothing was started; for a second cluster, make a new Cluster(...)",
+            state=state,
         )
 
 

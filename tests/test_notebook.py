@@ -5,6 +5,8 @@ audit 3, 4, 5):
   and the object may be started again;
 - an embedded cluster starting while another of this process runs (a cell run again)
   logs a warning naming the one running and how to close it, and closes nothing;
+- a start while another start of the same object is under way (a task still starting
+  it), or once it runs, is refused with ``ClusterAlreadyStarted`` and starts nothing;
 - the cluster's repr says where it runs, its workers, its tasks by state and its
   dashboard; ``dashboard_link`` opens the page the worker processes' gateway serves,
   and ``/metrics`` answers there to the read token;
@@ -14,6 +16,7 @@ audit 3, 4, 5):
 
 from __future__ import annotations
 
+import asyncio
 import http.cookiejar
 import logging
 import urllib.request
@@ -23,7 +26,7 @@ import pytest
 
 import runtime
 from runtime import Cluster
-from runtime.errors import AddressInUse, CorralError
+from runtime.errors import AddressInUse, ClusterAlreadyStarted, CorralError
 from tests.helpers import free_port_between
 
 LIMIT = 60.0
@@ -197,6 +200,75 @@ async def test_the_repr_never_raises_while_a_start_is_under_way(
         await client.start()
     assert shown[-1] == "<Cluster starting: address ws://127.0.0.1:62001>"
     assert repr(client).startswith("<Cluster start failed: error ConnectionRefusedError:")
+
+
+@pytest.mark.anyio
+async def test_a_start_while_one_is_under_way_is_refused_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two starts of one object at once (``gather(c.start(), c.start())``, a task still
+    starting it while a cell starts it again): before, both went through, each started a
+    set of actors and a worker, ``Cluster.running()`` listed the cluster twice and
+    ``close()`` stopped the second set only, leaving the first's actors running for
+    good. The second is refused at once, starts nothing and leaves the first going,
+    as a start of a running cluster is (``async with`` it too, which would close it)."""
+    before = set(asyncio.all_tasks())
+    cluster = Cluster(workers=1)
+    with anyio.fail_after(LIMIT):
+        first, second = await asyncio.gather(
+            cluster.start(), cluster.start(), return_exceptions=True
+        )
+        assert first is None
+        assert isinstance(second, ClusterAlreadyStarted)
+        assert second.state == "starting"
+        assert str(second) == (
+            "this cluster is starting already: another start() of it (or `async with` it) "
+            "is under way, in another task. Await that one, then use the cluster. Nothing "
+            "was started; for a second cluster, make a new Cluster(...)"
+        )
+        assert Cluster.running() == [cluster]
+        assert await cluster.submit(abs, -1) == 1
+        await cluster.close()
+    assert Cluster.running() == []
+    assert set(asyncio.all_tasks()) - before == set()  # no actor of a first set left
+
+    # Refused at the start's last step too (its actor system runs then), gated there.
+    reached, go = anyio.Event(), anyio.Event()
+    real = Cluster._finish_start
+
+    async def finish(self: Cluster, system: object, plane: object) -> None:
+        reached.set()
+        await go.wait()
+        await real(self, system, plane)
+
+    monkeypatch.setattr(Cluster, "_finish_start", finish)
+    cluster = Cluster(workers=1)
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cluster.start)
+            await reached.wait()
+            with pytest.raises(ClusterAlreadyStarted) as starting:
+                async with cluster:
+                    raise AssertionError("entered a cluster whose start is under way")
+            assert starting.value.state == "starting"
+            assert repr(cluster) == "<Cluster starting>"  # the refused one left it so
+            go.set()
+        try:
+            with pytest.raises(ClusterAlreadyStarted) as running:
+                await cluster.start()
+            assert running.value.state == "running"
+            assert isinstance(running.value, RuntimeError)
+            assert str(running.value) == (
+                "this cluster is already running (an earlier start() or `async with` "
+                "started it): use it as it is; `async with` it again would close it when "
+                "its block is left. Nothing was started; for a second cluster, make a new "
+                "Cluster(...)"
+            )
+            assert Cluster.running() == [cluster]
+            assert await cluster.submit(abs, -2) == 2
+        finally:
+            await cluster.close()
+    assert set(asyncio.all_tasks()) - before == set()
 
 
 def _get(url: str, **headers: str) -> tuple[int, str]:
