@@ -76,6 +76,7 @@ from actors.scheduler_records import (
     WorkerState,
     disk_stall_parts,
     error_record,
+    pool_name,
 )
 from actors.scheduler_stall import CorePart
 from policies import CategoryStats
@@ -483,11 +484,11 @@ class DiskPlacement(CorePart):
             since = self.disk_stalled_since.get(pool)
             if since is None:
                 self.disk_stalled_since[pool] = self._now
-                self._log("-", "disk", f"stall-suspected in pool {pool or 'any'}")
+                self._log("-", "disk", f"stall-suspected in pool {pool_name(pool)}")
             elif self._now - since >= self.config.stall_timeout:
                 del self.disk_stalled_since[pool]
                 self.disk_override.add(pool)
-                self._log("-", "disk", f"stalled in pool {pool or 'any'}: placing past estimates")
+                self._log("-", "disk", f"stalled in pool {pool_name(pool)}: placing past estimates")
                 self._disk_stall_began(pool)
                 self._fill()
         # The stall breaker: a pool past its estimates whose workers still run nothing
@@ -566,7 +567,7 @@ class DiskPlacement(CorePart):
                         best = (rank, d, ws)
         if best is None:
             self.disk_last_resort.add(pool)
-            self._log("-", "disk", f"stalled in pool {pool or 'any'}: nothing to drop")
+            self._log("-", "disk", f"stalled in pool {pool_name(pool)}: nothing to drop")
             return False
         if self._breaks_again(pool, [best[1]], best[2], waiting):
             return False
@@ -632,7 +633,7 @@ class DiskPlacement(CorePart):
         account = f"{parts['disk']}, holding {parts['holding']}"
         self._log(
             "-", "disk",
-            f"stall in pool {pool or 'any'} cannot be broken: {again.key!r} would be "
+            f"stall in pool {pool_name(pool)} cannot be broken: {again.key!r} would be "
             "dropped again with no task finished since",
         )  # fmt: skip
         self.disk_dropped_since.pop(pool, None)
@@ -756,10 +757,10 @@ class DiskPlacement(CorePart):
         why = f" for {waiter.key!r}" if waiter is not None else ""
         self._log(
             d.key, "disk",
-            f"dropped from {ws.id} to make room{why}: every worker of pool {pool or 'any'} "
+            f"dropped from {ws.id} to make room{why}: every worker of pool {pool_name(pool)} "
             f"was stuck on disk with nothing to run; {d.nbytes} B freed, {again}",
         )  # fmt: skip
-        self._log("-", "disk", f"stall broken in pool {pool or 'any'}: dropped {d.key!r}")
+        self._log("-", "disk", f"stall broken in pool {pool_name(pool)}: dropped {d.key!r}")
         if not d.who_has:
             gone: set[TaskState] = set()  # the inputs its remake needs made again too
             stack = list(d.deps)
@@ -809,5 +810,5 @@ class DiskPlacement(CorePart):
         task of it fits a disk again, or none waits) ends its stall."""
         for pool in [p for p in self.disk_stalls if p not in self.disk_override]:
             stall = self.disk_stalls.pop(pool)
-            self._log("-", "disk", f"stall in pool {pool or 'any'} ended")
+            self._log("-", "disk", f"stall in pool {pool_name(pool)} ended")
             self._out.append(DiskStallEnded(self._stimulus, stall, self._now - stall.since))

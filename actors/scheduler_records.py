@@ -69,10 +69,10 @@ NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
 
 
-def pool_name(key: str) -> str:
-    """A pool key for people: ``"*"`` (the tasks any pool may run) is ``any``, as in
-    ``stalled in pool any``."""
-    return "any" if key == "*" else key
+def pool_name(pool: str | None) -> str:
+    """A pool, or a pool key, for people: any pool (None, or its key ``"*"``: the tasks
+    any pool may run) is ``any``, as in ``stalled in pool any``."""
+    return "any" if pool is None or pool == "*" else pool
 
 
 # ----------------------------------------------------------------------------- state

@@ -59,7 +59,7 @@ from rich.text import Text
 
 from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
-from actors.scheduler_records import disk_stall_parts, placement_stall_parts
+from actors.scheduler_records import disk_stall_parts, placement_stall_parts, pool_name
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -1169,15 +1169,15 @@ def _placement_stall_lines(st: Mapping[str, Any]) -> list[Text]:
 
 def _stall_line(kind: str, pool: str, stalled_for: float, body: str, advice: str) -> Text:
     """A watchdog's stall in force, in red: what, for how long, and what to do."""
-    where = "any" if pool == "*" else pool
     return Text(
-        f"{kind} stalled in pool {where} for {stalled_for:.0f} s: {body}. {advice}.", style="red"
+        f"{kind} stalled in pool {pool_name(pool)} for {stalled_for:.0f} s: {body}. {advice}.",
+        style="red",
     )
 
 
 def _per_pool(counts: Mapping[str, int]) -> str:
     """``{pool: n}`` for people, by pool (``"*"``: any)."""
-    return ", ".join(f"pool {'any' if p == '*' else p} {n}" for p, n in sorted(counts.items()))
+    return ", ".join(f"pool {pool_name(p)} {n}" for p, n in sorted(counts.items()))
 
 
 def _category_rank(name: str, c: Mapping[str, Any]) -> tuple[float, int, str]:
