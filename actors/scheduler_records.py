@@ -55,6 +55,7 @@ __all__ = [
     "lost_worker_text",
     "not_run_text",
     "pool_name",
+    "pool_of_key",
     "unsaved_work",
 ]
 
@@ -73,6 +74,12 @@ def pool_name(pool: str | None) -> str:
     """A pool, or a pool key, for people: any pool (None, or its key ``"*"``: the tasks
     any pool may run) is ``any``, as in ``stalled in pool any``."""
     return "any" if pool is None or pool == "*" else pool
+
+
+def pool_of_key(key: str) -> str | None:
+    """The pool a pool key stands for (the scheduler's counters and stalls are keyed by
+    ``spec.pool or "*"``): None, any pool, for ``"*"``."""
+    return None if key == "*" else key
 
 
 # ----------------------------------------------------------------------------- state

@@ -51,7 +51,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from actors.scheduler_events import Command, PlacementStallBegan, PlacementStallEnded
-from actors.scheduler_records import SchedulerConfig, TaskState, WorkerState, pool_name
+from actors.scheduler_records import (
+    SchedulerConfig,
+    TaskState,
+    WorkerState,
+    pool_name,
+    pool_of_key,
+)
 from runtime.messages import PlacementStallInfo
 
 __all__ = ["CorePart", "PlacementWatch"]
@@ -130,13 +136,13 @@ class PlacementWatch(CorePart):
             if at is None:
                 since[key] = self._now
                 continue
-            if (None if key == "*" else key) in self.disk_parked:
+            if pool_of_key(key) in self.disk_parked:
                 since[key] = self._now  # waits for disk: the disk watchdog's case
                 if key in self.placement_stalls:
                     self._placement_stall_ended(key, "its ready tasks wait for disk")
                 continue
             if key in self.placement_stalls:
-                if not self._idle_connected(None if key == "*" else key):
+                if not self._idle_connected(pool_of_key(key)):
                     since[key] = self._now  # its idle workers left: not a stall now
                     self._placement_stall_ended(key, "no idle connected worker")
                 continue
@@ -165,7 +171,7 @@ class PlacementWatch(CorePart):
         nothing; None when it is not a stall: it has no idle connected worker (none at
         all, or all busy), or some worker of it is busy and every idle one waits for
         that (``_waits_for_busy``). O(the pool's workers)."""
-        pool = None if key == "*" else key
+        pool = pool_of_key(key)
         connected = self._connected(pool)
         idle = [ws for ws in connected if _idle(ws)]
         if not idle:

@@ -264,6 +264,7 @@ from actors.scheduler_records import (
     dependency_failed_text,
     error_record,
     pool_name,
+    pool_of_key,
     unsaved_work,
     walltime_loss,
 )
@@ -4940,7 +4941,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         one of its workers (it may free memory), one is ready to go there, or nothing
         of the pool waits (memory held is the results). No scan of tasks: its workers,
         the ready heads, the counters."""
-        pool = None if key == "*" else key
+        pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
         workers = self.workers if pool is None else self.pool_members.get(pool, {})
@@ -5014,7 +5015,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Pool ``key`` stalled for memory: its tasks still to run (every task's, for
         ``"*"``) fail with :class:`~runtime.errors.MemoryStalled`, with the account of
         its workers. One pass over the tasks, made only when a stall is declared."""
-        pool = None if key == "*" else key
+        pool = pool_of_key(key)
         members = self.workers if pool is None else self.pool_members.get(pool, {})
         workers = list(members.values())
         active = [
