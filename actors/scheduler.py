@@ -18,7 +18,7 @@ import linecache
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import anyio
@@ -191,12 +191,121 @@ class _Turn(NamedTuple):
     """What waits in the scheduler's intake (:meth:`Scheduler._take_in`):
     ``apply(stimulus)``. ``alone``: in a turn of its own (a piece of a graph, a part of a
     large release); else carried out at once with what follows it (a release, or a
-    cancel that must wait, that came after them). ``specs``: a piece's tasks."""
+    cancel that must wait, that came after them). ``specs``: a piece's tasks; ``keys``:
+    the other keys it touches, in some collections (the inputs a piece reads from
+    outside its graph and the keys it wants, a release's keys)."""
 
     apply: Callable[[str], Any]
     stimulus: str
     alone: bool = True
     specs: Mapping[Any, Any] | None = None
+    keys: tuple[Collection[Any], ...] = ()
+
+
+class _Job:
+    """A submission, a release or a request that waits, in the intake: its turns, its
+    client (``lane``; None: a request that waits for everything before it, and that
+    everything after it waits for), and the jobs that came before it that it waits for
+    (``after``: its client's, and the other clients' that touch one of its keys)."""
+
+    __slots__ = ("after", "done", "keyset", "lane", "turns")
+
+    def __init__(self, lane: str | None, turns: Iterable[_Turn]) -> None:
+        self.lane = lane
+        self.turns = deque(turns)
+        self.after: list[_Job] = []
+        self.done = False
+        self.keyset: frozenset[Any] | None = None
+
+    def keys(self) -> frozenset[Any]:
+        """The keys its turns still to come bring or touch (made once, when another
+        client's job is compared with it: it may grow no more, only shrink)."""
+        if self.keyset is None:
+            some: set[Any] = set()
+            for t in self.turns:
+                if t.specs is not None:
+                    some.update(t.specs)
+                for keys in t.keys:
+                    some.update(keys)
+            self.keyset = frozenset(some)
+        return self.keyset
+
+    def ready(self) -> bool:
+        """Whether every job it waits for is done (those done are let go)."""
+        if self.after:
+            self.after = [j for j in self.after if not j.done]
+        return not self.after
+
+    def clashes(self, other: _Job) -> bool:
+        """Whether this job must wait for ``other``, which came before it."""
+        if self.lane is None or other.lane is None or self.lane == other.lane:
+            return True
+        mine, theirs = self.keys(), other.keys()
+        small, large = (mine, theirs) if len(mine) <= len(theirs) else (theirs, mine)
+        return not small.isdisjoint(large)
+
+
+class _IntakeQueue:
+    """What waits to be taken in, by client: each client's jobs in the order they came,
+    the clients served one turn each in turn (round robin), a job going once the jobs
+    before it that it waits for (:meth:`_Job.clashes`) are done. So a small graph of
+    one client goes in between the pieces of another client's large graph, while one
+    client's submissions, releases and cancels keep their order, and a job touching
+    keys another client's earlier job brings (or reads) waits for that one."""
+
+    def __init__(self) -> None:
+        #: client -> its jobs, in the order they came; the clients in the order they
+        #: are served next (a client served goes to the end)
+        self.lanes: dict[str | None, deque[_Job]] = {}
+
+    def __len__(self) -> int:
+        """The turns still to take."""
+        return sum(len(j.turns) for jobs in self.lanes.values() for j in jobs)
+
+    def __bool__(self) -> bool:
+        return bool(self.lanes)
+
+    def jobs(self) -> Iterator[_Job]:
+        for jobs in self.lanes.values():
+            yield from jobs
+
+    def turns(self) -> Iterator[_Turn]:
+        for job in self.jobs():
+            yield from job.turns
+
+    def job(self, lane: str | None, turns: Iterable[_Turn]) -> _Job:
+        """A job of ``lane``, with the jobs now waiting that it must wait for."""
+        job = _Job(lane, turns)
+        own = self.lanes.get(lane)
+        if own:  # (the latest of its own client's waits for the ones before)
+            job.after.append(own[-1])
+        job.after.extend(
+            j for other, jobs in self.lanes.items() if other != lane
+            for j in jobs if job.clashes(j)
+        )  # fmt: skip
+        return job
+
+    def add(self, job: _Job) -> None:
+        if job.turns:
+            self.lanes.setdefault(job.lane, deque()).append(job)
+
+    def pop(self, lane: Any = ...) -> _Turn | None:
+        """The next turn: of the first client in turn whose first job may go (of
+        ``lane`` only, when given); None if none may."""
+        for name, jobs in self.lanes.items():
+            if (lane is ... or name == lane) and jobs[0].ready():
+                break
+        else:
+            return None
+        job = jobs[0]
+        turn = job.turns.popleft()
+        if not job.turns:
+            job.done, job.keyset = True, None
+            jobs.popleft()
+        del self.lanes[name]
+        if jobs:  # (to the end: the others go first)
+            self.lanes[name] = jobs
+        return turn
 
 
 @message(local=True)
@@ -312,11 +421,12 @@ class Scheduler(Actor):
         #: only the manager's log and status say it (docs/files.md, "Workers sharing a
         #: file system")
         self.disks = HostLedger()
-        #: what waits to be taken in, in the order it came: pieces of graphs and parts
-        #: of large releases (one per :class:`_Intake`, so the messages that came
-        #: meanwhile go between them), and the releases and cancels that came after
-        #: them; while it is not empty, one ``_Intake`` is on its way (:meth:`_take_in`)
-        self._intake: deque[_Turn] = deque()
+        #: what waits to be taken in, per client: pieces of graphs and parts of large
+        #: releases (one per :class:`_Intake`, so the messages that came meanwhile go
+        #: between them, the clients served in turn), and the releases and cancels
+        #: that came after them; while it is not empty, one ``_Intake`` is on its way
+        #: (:meth:`_take_in`)
+        self._intake = _IntakeQueue()
         #: when the core is next ticked for a retry held for its backoff (inf: not
         #: asked): the ticks' period (``stall_timeout / 10``) may be longer than a backoff
         self._retry_wake = float("inf")
@@ -527,13 +637,22 @@ class Scheduler(Actor):
 
         empty = tuple(self.state.pools_without_worker(pool for pool, _ in unconfigured))
         short = self.state.short_workers(msg.unplaced) if msg.unplaced else ""
-        idle = not self._intake
-        self._intake.extend(
-            _Turn(piece(p, i), stimulus, specs=p.specs) for i, p in enumerate(msg.specs)
+        turns = (
+            _Turn(piece(p, i), stimulus, specs=p.specs, keys=(p.reads, p.keys))
+            for i, p in enumerate(msg.specs)
         )
-        if idle:
-            self._take_in()
+        self._queue(self._intake.job(msg.client, turns))
         return empty, short
+
+    def _queue(self, job: _Job) -> None:
+        """Add ``job`` to the intake; its first turn now if it may go (nothing before
+        it that it waits for: the other clients' pieces wait for the next turn)."""
+        busy = bool(self._intake)
+        self._intake.add(job)
+        if not busy:
+            self._take_in()
+        elif job.ready():  # (one _Intake is on its way already)
+            self._take_in(job.lane, again=False)
 
     @property
     def taking_in(self) -> bool:
@@ -547,25 +666,36 @@ class Scheduler(Actor):
         await anyio.lowlevel.checkpoint()
         self._take_in()
 
-    def _take_in(self) -> None:
-        """Take in the next piece (and carry out the releases and cancels before it);
-        while anything is left, the next ``_Intake`` goes to the end of the mailbox."""
+    def _take_in(self, lane: Any = ..., *, again: bool = True) -> None:
+        """Take in the next piece, of the next client in turn (of ``lane`` only, when
+        given), and carry out the releases and cancels before it; while anything is
+        left, the next ``_Intake`` goes to the end of the mailbox (unless not
+        ``again``: one is on its way)."""
         try:
-            while self._intake:
-                turn = self._intake.popleft()
+            while (turn := self._intake.pop(lane)) is not None:
                 turn.apply(turn.stimulus)
                 if turn.alone:
                     break
         finally:  # (a failure is the handler's, and the rest is still taken in)
-            if self._intake and not self.ref.mailbox.closed:
+            if again and self._intake and not self.ref.mailbox.closed:
                 self.ref.post(_Intake())
 
-    def _after_intake(self, apply: Callable[[str], Any]) -> Later | None:
-        """``apply(stimulus)`` now, or, while graphs are being taken in, once they are
-        (as the manager sent them: a release or cancel of their keys finds them whole);
+    def _after_intake(
+        self,
+        apply: Callable[[str], Any],
+        lane: str | None = None,
+        keys: Collection[Any] = (),
+        before: Iterable[_Turn] = (),
+    ) -> Later | None:
+        """``apply(stimulus)`` (after ``before``, turns of their own) now, or, while
+        jobs it must wait for are being taken in (``lane``'s, the other clients' that
+        bring or read ``keys``; with no ``lane``, every one), once they are (as the
+        manager sent them: a release or cancel of their keys finds them whole);
         ``Later`` of its answer then."""
         stimulus = current_causal_id()
-        if not self._intake:
+        first = list(before)
+        job = self._intake.job(lane, [*first, _Turn(apply, stimulus, alone=False, keys=(keys,))])
+        if not first and job.ready():
             return apply(stimulus)  # type: ignore[no-any-return]
         done = anyio.Event()
         box: list[Any] = []
@@ -585,7 +715,8 @@ class Scheduler(Actor):
                 raise failed[0]
             return box[0]
 
-        self._intake.append(_Turn(run, stimulus, alone=False))
+        job.turns[-1] = _Turn(run, stimulus, alone=False, keys=(keys,))
+        self._queue(job)
         return Later(answer())
 
     @handles(RegisterWorker)
@@ -874,7 +1005,7 @@ class Scheduler(Actor):
 
     def _coming(self, keys: Iterable[Any]) -> tuple[Any, ...]:
         """Those of ``keys`` that the pieces still to take in bring, once per piece."""
-        pieces = [t.specs for t in self._intake if t.specs is not None]
+        pieces = [t.specs for t in self._intake.turns() if t.specs is not None]
         if not pieces:
             return ()
         asked = set(keys)
@@ -883,7 +1014,8 @@ class Scheduler(Actor):
     def _brings(self, keys: Iterable[Any]) -> bool:
         """Whether a piece still to take in brings one of ``keys``."""
         some = set(keys)
-        return any(not some.isdisjoint(t.specs) for t in self._intake if t.specs is not None)
+        turns = self._intake.turns()
+        return any(not some.isdisjoint(t.specs) for t in turns if t.specs is not None)
 
     def _cancel_now(
         self, msg: CancelRequest | OperatorCancel, stimulus: str, coming: tuple[Any, ...] = ()
@@ -904,8 +1036,8 @@ class Scheduler(Actor):
         """Let go of keys; a release of more than ``INTAKE_PIECE`` keys (the end of a
         large run) in parts of that many, one per turn as the pieces of a graph, so
         that the messages meanwhile (results, status, metrics) go between them. The
-        answer comes after the last part, and what came after the release (a
-        submission, a cancel) waits for it."""
+        answer comes after the last part, and what its client sent after the release
+        (a submission), or another client's request touching its keys, waits for it."""
         keys = tuple(msg.keys)
         step = runtime.graph.INTAKE_PIECE
         stimulus = current_causal_id()
@@ -914,12 +1046,12 @@ class Scheduler(Actor):
             return lambda stimulus: self._handle(KeysReleased(stimulus, self.clock.now(), some))
 
         last = max(0, (len(keys) - 1) // step * step)  # where the last part starts
-        idle = not self._intake
-        self._intake.extend(_Turn(part(keys[i : i + step]), stimulus) for i in range(0, last, step))
-        answer = self._after_intake(part(keys[last:]))  # the last part answers
-        if idle and self._intake:
-            self._take_in()
-        return answer
+        parts = (
+            _Turn(part(keys[i : i + step]), stimulus, keys=(keys[i : i + step],))
+            for i in range(0, last, step)
+        )
+        # the last part answers
+        return self._after_intake(part(keys[last:]), msg.client, keys[last:], parts)
 
     @handles(FilesReleasedMsg)
     def files_released(self, msg: FilesReleasedMsg) -> None:

@@ -85,8 +85,11 @@ class GraphSubmitted(Event):
     A large graph comes as several, one per piece (``runtime.graph.in_pieces``): in
     dependency order (a piece's tasks read earlier pieces' tasks, its own, or tasks
     known before), each with the wanted keys among its tasks (the first also the
-    wanted keys known before). ``continued``: a later piece of the submission before
-    it (one submission for the priority policies: one generation). ``hold``: keys of
+    wanted keys known before). ``continued``: a later piece of ``echo_to``'s
+    submission before it (one submission for the priority policies: one generation).
+    The pieces of different clients' submissions may come between each other (the
+    scheduler's intake takes one piece of each client in turn); one client's come one
+    submission after the other. ``hold``: keys of
     this piece a later piece reads, kept (counted as wanted) until ``unhold``, in the
     piece that brings their last reader, lets them go. ``unconfigured``: ``(pool,
     why)`` for the pools the submission's tasks name that are not configured (the

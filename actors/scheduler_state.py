@@ -473,6 +473,20 @@ class MetricTotals:
     peak_rss: int = 0
 
 
+@dataclasses.dataclass(slots=True)
+class _Submission:
+    """A submission being taken in (its pieces, ``GraphSubmitted``, may come between
+    other clients' pieces): its ``generation``, the turn it starts from (``turn_base``,
+    ``_take_turns``), and its keys that named other known tasks (the first
+    ``REUSED_NAMED``), how many, and how many known keys were compared (``_note_reuse``)."""
+
+    generation: int
+    turn_base: int = 0
+    reused: list[Key] = dataclasses.field(default_factory=list)
+    reused_count: int = 0
+    reuse_checks: int = 0
+
+
 class _NotATuple(Exception):
     """A priority policy answered text: what it answered, for the story."""
 
@@ -646,7 +660,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: the turn of the task sent to a worker latest: a client's next submission
         #: starts at it at the earliest (an idle client saves no turns)
         self.turn_floor = 0
-        self._turn_base = 0  #: the turn the submission being taken in starts from
+        #: the submissions being taken in, by client (``GraphSubmitted.echo_to``): the
+        #: pieces of different clients' submissions may come between each other's (the
+        #: shell's intake serves clients in turn), one client's come one submission
+        #: after the other; ``_latest``: the one started last
+        self._open: dict[str, _Submission] = {}
+        self._latest = _Submission(0)
+        self._sub = self._latest  #: the submission of the piece being taken in
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
         #: the monitoring feed, kept once a reader asked (:meth:`feed_since`): one
         #: entry per handled event that changed anything a monitor records, ``(now,
@@ -774,11 +794,6 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._short_of_disk: list[WorkerState] = []
         self._stimulus = ""
         self._now = 0.0
-        #: of the submission being taken in: its keys that named other known tasks (the
-        #: first ``REUSED_NAMED``), how many, and how many known keys were compared
-        self._reused: list[Key] = []
-        self._reused_count = 0
-        self._reuse_checks = 0
 
     # ----------------------------------------------------------------- the one mutator
 
@@ -1186,10 +1201,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     # ----------------------------------------------------------------- event handlers
 
     def _graph_submitted(self, ev: GraphSubmitted) -> None:
+        sub = self._open.get(ev.echo_to) if ev.continued else None
         if not ev.continued:  # every piece of one submission shares its generation
             self.generation += 1
-            self._reused, self._reused_count, self._reuse_checks = [], 0, 0
-        gen = self.generation
+            sub = self._latest = _Submission(self.generation)
+        elif sub is None:  # (a core fed pieces each marked final: the latest submission's)
+            sub = self._latest
+        if ev.final:
+            self._open.pop(ev.echo_to, None)
+        else:
+            self._open[ev.echo_to] = sub
+        self._sub = sub
+        gen = sub.generation
         new: list[TaskState] = []
         resubmitted = False
         for key, spec in ev.specs.items():
@@ -1225,11 +1248,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._note_reuse(ts.spec, spec)
         # cancelled before this piece came: cancelled as it comes, never queued
         ahead = self._arrived_cancelled(ev.specs, new) if self._cancel_ahead else None
-        if ev.final and self._reused_count:  # said before any result of the submission
+        if ev.final and sub.reused_count:  # said before any result of the submission
             self._out.append(
-                KeysReused(self._stimulus, tuple(self._reused), self._reused_count, ev.echo_to)
+                KeysReused(self._stimulus, tuple(sub.reused), sub.reused_count, ev.echo_to)
             )
-            self._reused, self._reused_count = [], 0
+            sub.reused, sub.reused_count = [], 0
         broken: dict[TaskState, list[Key]] = {}
         continues = False  # some new task reads a task of an earlier submission
         for ts in new:
@@ -1326,8 +1349,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 floor = self.turn_floor
                 for gone in [c for c, t in turns.items() if t <= floor]:
                     del turns[gone]
-            self._turn_base = max(turns.get(client, 0), self.turn_floor)
-        base = self._turn_base
+            self._sub.turn_base = max(turns.get(client, 0), self.turn_floor)
+        base = self._sub.turn_base
         end = turns.get(client, 0)
         for ts in new:
             ts.client = client
@@ -1344,15 +1367,16 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         pickle, counts as the same). The same node object, or the same call made again
         (a pure ``submit`` twice, a dask collection computed twice), is not counted.
         At most :data:`REUSE_CHECKS` keys of a submission are compared."""
-        if spec.node is known.node or self._reuse_checks >= REUSE_CHECKS:
+        sub = self._sub
+        if spec.node is known.node or sub.reuse_checks >= REUSE_CHECKS:
             return
-        self._reuse_checks += 1
+        sub.reuse_checks += 1
         new, old = node_fingerprint(spec.node), node_fingerprint(known.node)
         if new is None or old is None or new == old:
             return
-        self._reused_count += 1
-        if len(self._reused) < REUSED_NAMED:
-            self._reused.append(spec.key)
+        sub.reused_count += 1
+        if len(sub.reused) < REUSED_NAMED:
+            sub.reused.append(spec.key)
 
     def _tell_where(self, ts: TaskState) -> None:
         """Tell the clients of a wanted task that is done or failed so, again; one whose

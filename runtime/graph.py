@@ -23,7 +23,7 @@ import math
 import pickle
 import sys
 import types
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import dask
@@ -960,6 +960,9 @@ class SpecPiece(NamedTuple):
     hold: tuple[Key, ...] = ()  #: of ``specs``, the ones a later piece reads: kept for it
     #: of earlier pieces' tasks, the ones whose last reader is in ``specs``: let go
     unhold: tuple[Key, ...] = ()
+    #: the inputs of ``specs`` that are not tasks of the graph (keys known already):
+    #: the scheduler lets no other client's request that touches them go ahead
+    reads: frozenset[Key] = frozenset()
 
 
 def in_pieces(
@@ -975,7 +978,7 @@ def in_pieces(
     size = size or INTAKE_PIECE
     keys = tuple(dict.fromkeys(keys))
     if len(specs) <= size:
-        return (SpecPiece(dict(specs), keys),)
+        return (SpecPiece(dict(specs), keys, reads=_reads(specs.values(), specs)),)
     ordered = sorted(specs.values(), key=_graph_order)
     pos = {s.key: i for i, s in enumerate(ordered)}
     last = _last_readers(ordered, pos, size)
@@ -1032,9 +1035,15 @@ def _cut(
                 mine + tuple(k for k in part if k in wanted),
                 tuple(k for k in part if k in last),
                 tuple(unhold.get(p, ())),
+                _reads(part.values(), pos),
             )
         )
     return tuple(pieces)
+
+
+def _reads(specs: Iterable[TaskSpec], graph: Container[Key]) -> frozenset[Key]:
+    """The inputs of ``specs`` that are not in ``graph``."""
+    return frozenset(d for s in specs for d in s.deps if d not in graph)
 
 
 def _dependency_order(ordered: list[TaskSpec], pos: Mapping[Key, int]) -> list[TaskSpec]:

@@ -75,15 +75,15 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def chains(n: int, length: int) -> tuple[dict[Key, Any], list[Key]]:
+def chains(n: int, length: int, prefix: str = "c") -> tuple[dict[Key, Any], list[Key]]:
     """``n`` chains of ``length`` tasks (a legacy dask graph) and their last keys."""
     dsk: dict[Key, Any] = {}
     ends = []
     for c in range(n):
-        dsk[f"c{c}-0"] = (inc, c)
+        dsk[f"{prefix}{c}-0"] = (inc, c)
         for i in range(1, length):
-            dsk[f"c{c}-{i}"] = (inc, f"c{c}-{i - 1}")
-        ends.append(f"c{c}-{length - 1}")
+            dsk[f"{prefix}{c}-{i}"] = (inc, f"{prefix}{c}-{i - 1}")
+        ends.append(f"{prefix}{c}-{length - 1}")
     return dsk, ends
 
 
