@@ -19,6 +19,14 @@ its stalls over 1 s, and the full collections (count, longest, their sum); then 
 manager's log line of its give-back after the run, if it logged one (the manager runs
 with ``--log-level info``).
 
+``--second N``: a second client (another ``Cluster(ADDRESS, name="second")``) maps
+``inc`` over N other items once the manager has the large ``map``'s every key (its
+scheduler then takes it in): how long until its N results came, and whether the large
+intake was still under way then (``--fair``: the ``fair`` priority, set by the first
+client, ``set_policy``).
+
+    python benchmarks/manager_bigrun.py --tasks 100000 --second 10 --fair
+
 Ports: ``--port`` (the manager's) and ``--port-range`` (the workers') on 127.0.0.1.
 """
 
@@ -167,10 +175,7 @@ async def cancelled(args: argparse.Namespace, address: str) -> None:
 
     async with Cluster(address) as c:
         futures = c.map(inc, range(args.tasks))
-        for _ in range(3000):  # (polled: at most 5 minutes)
-            if (await c.status())["wanted_keys"] >= args.tasks:
-                break
-            await asyncio.sleep(0.1)
+        await until_taken(c, args.tasks)
         before = sum(f.status == "finished" for f in futures)
         began = time.monotonic()
         await c.cancel(futures)
@@ -188,11 +193,46 @@ async def cancelled(args: argparse.Namespace, address: str) -> None:
           f"({before} before it)", flush=True)  # fmt: skip
 
 
+async def until_taken(c: Any, n: int) -> None:
+    """Once the manager has ``n`` wanted keys (the scheduler then takes them in)."""
+    for _ in range(3000):  # (polled: at most 5 minutes)
+        if (await c.status())["wanted_keys"] >= n:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def second(args: argparse.Namespace, address: str) -> None:
+    """``--second N``: a second client's N tasks submitted while the large ``map`` is
+    taken in; how long until its results came."""
+    from runtime import Cluster
+
+    async with Cluster(address, name="first") as c, Cluster(address, name="second") as s:
+        if args.fair:
+            await c.set_policy("priority", "fair")
+        began = time.monotonic()
+        futures = c.map(inc, range(args.tasks))
+        await until_taken(c, args.tasks)
+        sent = time.monotonic()
+        assert await s.gather(s.map(inc, range(-args.second, 0))) == list(range(1 - args.second, 1))
+        small = time.monotonic() - sent
+        done = sum(f.status == "finished" for f in futures)
+        async for _ in c.as_completed(futures):
+            pass
+        last = time.monotonic() - began
+    print(f"second client's {args.second} tasks: results {small:.1f} s after they were "
+          f"sent ({sent - began:.1f} s after map(), when the manager had its keys), "
+          f"{done} of the large run's {args.tasks} finished by then; the large run's last "
+          f"result {last:.1f} s after map()", flush=True)  # fmt: skip
+
+
 async def drive(args: argparse.Namespace, address: str, pid: int, outdir: Path) -> None:
     from runtime import Cluster
 
     if args.cancel:
         await cancelled(args, address)
+        return
+    if args.second:
+        await second(args, address)
         return
     peak = Peak(pid)
     print(f"manager RSS before: {rss_mb(pid):.0f} MB", flush=True)
@@ -229,6 +269,10 @@ def main() -> None:
     parser.add_argument("--port-range", default="59520-59599", help="the workers' ports")
     parser.add_argument("--manager-flags", default="", help="more flags for the manager")
     parser.add_argument("--cancel", action="store_true", help="cancel the run during its intake")
+    parser.add_argument(
+        "--second", type=int, default=0, help="a second client's tasks, sent during the intake"
+    )
+    parser.add_argument("--fair", action="store_true", help="the fair priority (with --second)")
     args = parser.parse_args()
     from runtime.cli_processes import TREE, Cli
 
