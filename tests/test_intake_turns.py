@@ -205,3 +205,27 @@ async def test_a_later_graph_reading_keys_still_being_taken_in_waits_for_them(
     sixth = [i for i, client in enumerate(order) if client == "a"][5]  # a's first graph in
     assert order.index("d") < sixth  # d's graph did not wait for a's
     assert min(order.index("b"), order.index("c"), order.index("a", sixth + 1)) > sixth
+
+
+@pytest.mark.anyio
+async def test_a_release_of_a_key_that_a_piece_still_to_come_reads_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client e's key ``e0`` is in; client y's graph of 6 pieces reads it in its last
+    piece; e lets ``e0`` go while y's first pieces go in: the release waits for y's
+    graph (had it gone ahead, ``e0`` would have been forgotten, wanted by no one and
+    read by no task yet, and y's reader would have failed as missing)."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    big, big_ends = chains(60, 5, "y")  # 300 tasks: 6 pieces
+    big["yz"] = (sum, [big_ends[-1], "e0"])  # (in the last piece)
+    with anyio.fail_after(30):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            submit(sched, "run-e", {"e0": (inc, 0)}, ["e0"], "e")
+            await wait_until(lambda: "e0" in sched.state.tasks and not sched._intake)
+            submit(sched, "run-y", big, [*big_ends, "yz"], "y", {"e0"}.__contains__)
+            sched.ref.post(ReleaseKeysRequest(("e0",), "e"))
+            await wait_until(lambda: sched.state.created == 302 and not sched._intake)
+            tasks = sched.state.tasks
+            assert tasks["yz"].state == "waiting", sched.state.story("yz")
+            assert tasks["e0"].state == "queued" and tasks["e0"].wanted == 0
