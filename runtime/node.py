@@ -1201,12 +1201,14 @@ def worker_token_refused(
     status: int,
     token: str | None,
     token_file: str | os.PathLike[str] | None,
+    from_env: bool = False,
 ) -> AuthenticationFailed:
     """What a worker raises when the manager at ``address`` refuses its token in the
     handshake (HTTP ``status``), at its start or when it rejoins: the likely cause (the
     manager made new tokens when it started) and what to do, for where the token came
-    from (``token``: ``--token``; ``token_file``: ``--token-file``; else
-    ``CORRAL_TOKEN``, else the manager's token file on this machine)."""
+    from (``token``: ``--token``; ``token_file``: ``--token-file``; ``from_env``:
+    ``CORRAL_TOKEN``, which the worker took out of its environment at its start
+    (:func:`take_env_token`); else the manager's token file on this machine)."""
     if token:
         source = (
             "This worker presented the token it was given (--token): start it again with "
@@ -1219,7 +1221,7 @@ def worker_token_refused(
             "'admin' entry, if it is a manager's token file): write the manager's current "
             "admin token in it and start the worker again"
         )
-    elif os.environ.get("CORRAL_TOKEN"):
+    elif from_env:
         source = (
             "This worker presented CORRAL_TOKEN from the environment (it wins over the "
             "manager's token file on this machine): set it to the manager's current admin "
@@ -1239,6 +1241,16 @@ def worker_token_refused(
         "across restarts: docs/security.md#keeping-tokens-across-restarts)",
         status,
     )
+
+
+def take_env_token() -> str | None:
+    """``CORRAL_TOKEN`` (None: unset or empty), removed from this process's environment:
+    a worker calls it once, at its start, and keeps the token in memory for its rejoins.
+    A task run in the worker's own process (thread execution) then does not find it in
+    ``os.environ``, nor does a program it starts (``env``) inherit it, and neither do
+    the worker's task processes (process execution). ``/proc/self/environ`` still shows
+    the environment the process started with (docs/security.md)."""
+    return os.environ.pop("CORRAL_TOKEN", None) or None
 
 
 #: why the gateway refuses a client (``Cluster``, ``runtime.get``) that presents the read
@@ -3044,9 +3056,15 @@ async def run_worker(
 
     check_one_token(token, token_file)
     _signal_warning(os.environ)  # a bad value stops it here, not as it leaves
-    #: a token given as such, not read from a file (which may change: read at each try)
-    fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
     given = token  #: --token (``token`` is the one presented from here on)
+    # Taken out of the environment whatever wins (its tasks and their programs inherit
+    # the environment); kept here for the rejoins. --token and --token-file win over it.
+    env_token = take_env_token()
+    from_env = not token and token_file is None and env_token is not None
+    if from_env:
+        token = env_token
+    #: a token given as such, not read from a file (which may change: read at each try)
+    fixed = token_file is None and token
     if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
         token = await find_token_there(
             address, token, token_file=token_file, give=GIVE_TOKEN_WORKER
@@ -3212,7 +3230,9 @@ async def run_worker(
                             # what to do about it.
                             last = exc
                             if exc.status == 403:
-                                last = worker_token_refused(address, 403, given, token_file)
+                                last = worker_token_refused(
+                                    address, 403, given, token_file, from_env
+                                )
                             if rejoin or exc.status == 403:
                                 last = _WorkerRefused(last)
                             delay = max(delay, 0.5)
