@@ -365,7 +365,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     mgr.add_argument(
         "--keep-tokens",
         action="store_true",
-        help="take up the admin, read and submit tokens of its token file when it is there "
+        help="take up the admin, read, submit and worker tokens of its token file when it is there "
         "(the manager's own, mode 0600), instead of making new ones at each start: "
         "workers, clients and Prometheus holding copies keep working across a restart; "
         "remove the file to rotate them (docs/security.md#keeping-tokens-across-restarts)",
@@ -603,16 +603,18 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     wrk.add_argument(
         "--token",
         default=None,
-        help="the admin token (default: CORRAL_TOKEN, else the manager's token file on this "
-        "machine); ps shows it to every user: prefer --token-file",
+        help="the worker token (or the admin token; default: CORRAL_TOKEN, which the worker "
+        "takes out of its environment, else the manager's token file on this machine); ps "
+        "shows it to every user: prefer --token-file",
     )
     wrk.add_argument(
         "--token-file",
         default=None,
         metavar="PATH",
-        help="read the admin token from PATH (mode 0600: one token, or the manager's own "
-        "token file); wins over CORRAL_TOKEN; not with --token; read again at each try to "
-        "reach the manager (after its restart, the new token)",
+        help="read the worker token (or the admin token) from PATH (mode 0600: one token, or "
+        "the manager's own token file, its admin entry); wins over CORRAL_TOKEN; not with "
+        "--token; read again at each try to reach the manager (after its restart, the new "
+        "token)",
     )
     wrk.add_argument(
         "--connect-retry",

@@ -17,12 +17,13 @@ What lives here:
   message types each role may send. Anything else is refused before it reaches an
   actor: an ask gets :class:`PermissionDenied`, a tell is dropped, logged and counted,
   and a connection that keeps at it is closed with the reason (:class:`_Door`).
-- Worker identity: only an admin-token connection may say Hello as a worker; a new
+- Worker identity: only a worker- or admin-token connection may say Hello as a worker; a new
   worker id gets a secret (:class:`Welcome`) that a worker must present to rejoin under
   that id, so no other connection can take a worker's place.
-- Tokens: :class:`Tokens` (an admin token for workers, the operator's clients and the
-  admin console; a submit token for the clients of the people sharing the manager; a
-  read-only one for consoles that only look), written to a user-only file.
+- Tokens: :class:`Tokens` (an admin token for the operator's clients, the admin console
+  and workers started by hand; a submit token for the clients of the people sharing the
+  manager; a read-only one for consoles that only look; a worker token that only joins
+  workers, which the manager's own pools give theirs), written to a user-only file.
 
 docs/security.md describes the roles, tokens and trust for users.
 - :func:`run_manager` and :func:`run_worker`: what ``python -m runtime manager`` and
@@ -613,6 +614,7 @@ async def serve_gateway(
     options = dict(listen_options or {})
     if address.startswith(("ws://", "wss://")):
         options["tokens"] = tokens.roles()
+        gateway.peer_token = tokens.worker
         options.setdefault("heartbeat", max(DEFAULT_HEARTBEAT, gateway.client_dead_after))
     listener = await listen_on(address, **options)
     await plane.system.start_service(gateway.watch_loop)
@@ -729,7 +731,7 @@ async def start_local_processes(
     def argv_for(block_id: str, index: int) -> list[str]:
         return worker_argv(address, threads, memory, pool, memory_options, disk=disk)
 
-    provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
+    provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.worker})
     await plane.system.start_service(provider.run)
     spec = BlockSpec(1, threads, memory, disk, pool)
     await start_autoscaler(plane, provider, {pool: PoolTarget(n, spec)})
@@ -971,7 +973,7 @@ async def start_pools(
 ) -> dict[str, Provider]:
     """Build a provider per configured pool (``local``: worker processes on this
     machine; ``slurm``: batch jobs, with the pool's Slurm options) whose workers join
-    the gateway at ``address`` with the admin token, run each as a service of the
+    the gateway at ``address`` with the worker token, run each as a service of the
     plane's system, and start the autoscaler over them with the pools' limits. A Slurm
     pool keeps its scripts and job output in ``<run_dir>/<pool>`` (default ``run_dir``:
     ``./corral-slurm/run-<time>-<pid>``)."""
@@ -980,7 +982,7 @@ async def start_pools(
     from actors.processes import LocalProcessProvider
     from actors.slurm import SlurmProvider
 
-    env = {"CORRAL_TOKEN": tokens.admin}
+    env = {"CORRAL_TOKEN": tokens.worker}  # a worker's token only: no client, no console
     if run_dir is None:  # one directory per run, one per pool in it: block ids repeat
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
@@ -1025,26 +1027,33 @@ async def start_pools(
 
 @dataclasses.dataclass(frozen=True)
 class Tokens:
-    """The cluster's secrets: ``admin`` for workers, the operator's clients and the
-    admin console; ``read`` for consoles that only look; ``submit`` for the clients of
-    people who share the manager (they submit and look, and cancel only their own work:
-    :data:`ALLOWED`). A ``submit`` not given is made afresh."""
+    """The cluster's secrets: ``admin`` for the operator's clients, the admin console and
+    workers started by hand; ``read`` for consoles that only look; ``submit`` for the
+    clients of people who share the manager (they submit and look, and cancel only their
+    own work: :data:`ALLOWED`); ``worker`` for workers only (the manager's own pools
+    give it theirs: it may say Hello as a worker and nothing else). A ``submit`` or
+    ``worker`` not given is made afresh."""
 
     admin: str
     read: str
     # Hex: no character a shell or argparse could take for something else ("-x").
     submit: str = dataclasses.field(default_factory=lambda: secrets.token_hex(32))
+    worker: str = dataclasses.field(default_factory=lambda: secrets.token_hex(32))
 
     @classmethod
     def generate(cls) -> Tokens:
-        return cls(secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32))
+        return cls(*(secrets.token_hex(32) for _ in TOKEN_ROLES))
+
+    def entries(self) -> dict[str, str]:
+        """Role -> token, as the token file holds them."""
+        return {role: getattr(self, role) for role in TOKEN_ROLES}
 
     def roles(self) -> dict[str, str]:
-        return {self.admin: "admin", self.read: "read", self.submit: "submit"}
+        return {token: role for role, token in self.entries().items()}
 
     def of(self, role: str) -> str:
-        """The token of ``role`` (``admin``, ``read`` or ``submit``)."""
-        return {"admin": self.admin, "read": self.read, "submit": self.submit}[role]
+        """The token of ``role`` (``admin``, ``read``, ``submit`` or ``worker``)."""
+        return self.entries()[role]
 
     def write(self, path: Path) -> None:
         """Write to ``path`` readable by this user only (0600), atomically; a
@@ -1062,7 +1071,7 @@ class Tokens:
             # followed): nothing another user planted in the directory gets the tokens.
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             with os.fdopen(fd, "w") as f:
-                json.dump({"admin": self.admin, "read": self.read, "submit": self.submit}, f)
+                json.dump(self.entries(), f)
             os.replace(tmp, path)
         except OSError as exc:
             if tmp is not None:  # the admin token must not stay in a stray file
@@ -1077,11 +1086,11 @@ class Tokens:
     def kept(cls, path: Path) -> Tokens | None:
         """The tokens of a manager's token file at ``path`` that a manager started with
         ``--keep-tokens`` takes up again; None when there is no file (it makes new ones).
-        A file without a ``submit`` entry (written before that role was) keeps its
-        admin and read tokens and gets a new submit token (the manager writes it there).
-        A file there that is not a manager's token file (JSON with distinct ``admin``
-        and ``read`` entries, and ``submit`` if any, of :data:`KEPT_TOKEN_LEAST`
-        characters or more), or that
+        A file without a ``submit`` or ``worker`` entry (written before that role was)
+        keeps its other tokens and gets a new one of that role (the manager writes it
+        there). A file there that is not a manager's token file (JSON with distinct
+        ``admin`` and ``read`` entries, and ``submit`` and ``worker`` if any, of
+        :data:`KEPT_TOKEN_LEAST` characters or more), or that
         lets another user read or change it (its tokens may be theirs), is a
         :class:`TokenFileError` that says what to do: making new tokens in its place
         would lock out everyone who holds the old ones, without a word."""
@@ -1093,29 +1102,31 @@ class Tokens:
             f"instead (rotate them), remove it, or start the manager without --keep-tokens"
         )
         try:
-            admin, read = (read_token_file(path, role) for role in ("admin", "read"))
-            submit = _submit_entry(path)
+            kept = {role: read_token_file(path, role) for role in ("admin", "read")}
+            for role in ("submit", "worker"):
+                entry = _optional_entry(path, role)
+                if entry is not None:
+                    kept[role] = entry
         except TokenFileError as exc:
             raise TokenFileError(
                 exc.path, f"{exc.problem.partition('; write')[0]} (--keep-tokens: {fix})"
             ) from None
-        kept = (admin, read) if submit is None else (admin, read, submit)
-        if len(set(kept)) < len(kept):
+        if len(set(kept.values())) < len(kept):
             raise TokenFileError(
                 os.fspath(path),
                 f"holds one token (or the same one twice), not a manager's admin and read "
-                f"tokens (and its submit token, if any: three distinct ones) "
+                f"tokens (and its submit and worker tokens, if any: all distinct) "
                 f"(--keep-tokens: {fix})",
             )
-        if min(map(len, kept)) < KEPT_TOKEN_LEAST:
+        if min(map(len, kept.values())) < KEPT_TOKEN_LEAST:
             raise TokenFileError(
                 os.fspath(path),
-                f"its admin, read and submit tokens must have {KEPT_TOKEN_LEAST} characters "
-                "or more each, or they are guessed (a manager writes 64 random "
+                f"its admin, read, submit and worker tokens must have {KEPT_TOKEN_LEAST} "
+                "characters or more each, or they are guessed (a manager writes 64 random "
                 "hexadecimal characters each; python -c 'import secrets; "
                 f"print(secrets.token_hex(32))' makes one) (--keep-tokens: {fix})",
             )
-        return cls(*kept)
+        return cls(**kept)
 
     @classmethod
     def read_file(cls, path: Path, give: str = "") -> Tokens:
@@ -1124,7 +1135,10 @@ class Tokens:
         client; by default a command's ``--token``)."""
         try:
             data = json.loads(path.read_text())
-            return cls(str(data["admin"]), str(data["read"]), str(data.get("submit", "")))
+            return cls(
+                str(data["admin"]), str(data["read"]), str(data.get("submit", "")),
+                str(data.get("worker", "")),
+            )  # fmt: skip
         except FileNotFoundError:
             give = give or GIVE_TOKEN_CLI
             port = path.stem.rpartition("_")[2]
@@ -1158,16 +1172,20 @@ class Tokens:
 KEPT_TOKEN_LEAST = 32
 
 
-def _submit_entry(path: Path) -> str | None:
-    """The ``submit`` entry of a manager's token file (read and checked already by
-    :func:`read_token_file`), None when it has none (a file written before the role
-    was, or by hand with ``admin`` and ``read`` only); one that is not a token is
-    refused as :func:`read_token_file` refuses it."""
+#: the roles of a manager's tokens, in :class:`Tokens`' order (its token file's entries)
+TOKEN_ROLES = ("admin", "read", "submit", "worker")
+
+
+def _optional_entry(path: Path, role: str) -> str | None:
+    """The ``role`` entry (``submit``, ``worker``) of a manager's token file (read and
+    checked already by :func:`read_token_file`), None when it has none (a file written
+    before the role was, or by hand with ``admin`` and ``read`` only); one that is not a
+    token is refused as :func:`read_token_file` refuses it."""
     try:
-        has = "submit" in json.loads(path.read_text())
+        has = role in json.loads(path.read_text())
     except (OSError, ValueError, TypeError):
         has = False
-    return read_token_file(path, "submit") if has else None
+    return read_token_file(path, role) if has else None
 
 
 #: how a console, a worker and a Python client (``Cluster(address)``,
@@ -1180,7 +1198,8 @@ GIVE_TOKEN_CLI = (
 )
 GIVE_TOKEN_WORKER = (
     "to this worker in a file readable by you only (chmod 600) with --token-file PATH (or "
-    "set CORRAL_TOKEN); a worker needs the admin token, not the read token"
+    "set CORRAL_TOKEN); a worker needs the worker token (that file's 'worker' entry: the "
+    "better choice) or the admin token, not the read token"
 )
 GIVE_TOKEN_PY = (
     "as token= (or the path of a file holding it as token_file=) to Cluster(address, ...) "
@@ -1259,6 +1278,24 @@ READ_TOKEN_CLIENT = (
     "this token is read-only; clients (Cluster, runtime.get) need the submit token (or the "
     "admin token, the operator's): the read token only looks (a console with --read-only, "
     "GET /metrics, the dashboard), and a client submits work"
+)
+
+
+#: the roles of the tokens that may say Hello as a worker
+WORKER_TOKEN_ROLES = frozenset({"worker", "admin"})
+
+#: why the gateway refuses a worker that presents another token (read, submit)
+WORKER_NEEDS = (
+    "workers need the worker token (the 'worker' entry of the manager's token file), or "
+    "the admin token"
+)
+
+#: why the gateway refuses a client or a console that presents the worker token
+WORKER_TOKEN_OTHER = (
+    "this token is the worker token, which only joins workers (Hello as a worker): a "
+    "client (Cluster, runtime.get) needs the submit token (or the admin token, the "
+    "operator's), a console the read token to look (or the submit or admin token); each "
+    "is an entry of the manager's token file"
 )
 
 
@@ -1485,6 +1522,11 @@ class Welcome(Message):
     empty). A console gets none: it is answered by its first ask."""
 
     secret: str
+    #: to a worker: the manager's worker token, which its workers present to each other
+    #: (and accept from each other) whichever token each joined with, so a worker
+    #: started by hand with the admin token and one of a pool (the worker token) fetch
+    #: from each other ("" without tokens)
+    peer_token: str = ""
 
 
 @message("corral.PeerQuery")
@@ -1501,9 +1543,10 @@ class PeerQuery(Message):
 #: What the gateway tells a connection whose first frame breaks them.
 HELLO_RULES = (
     "the first frame on a connection to a Corral manager must be a Hello: kind 'worker' "
-    "(admin token; name = the worker's id, info.worker_id the same; a returning worker "
-    "presents the secret it was given), 'client' (admin or submit token) or 'console' "
-    "(any token), with a name of 1 to 256 characters that no other connection uses"
+    "(worker or admin token; name = the worker's id, info.worker_id the same; a returning "
+    "worker presents the secret it was given), 'client' (admin or submit token) or "
+    "'console' (admin, submit or read token), with a name of 1 to 256 characters that no "
+    "other connection uses"
 )
 
 #: Longest name a Hello may carry.
@@ -1877,6 +1920,9 @@ class Gateway:
         #: the manager's token file (its absolute path; "" if it has none), told to a
         #: client refused for the read token: where the admin token is
         self.token_file = ""
+        #: the manager's worker token, told to each worker in its Welcome: what its
+        #: workers present to each other ("" without tokens: :func:`serve_gateway`)
+        self.peer_token = ""
         #: the manager stops on purpose (:meth:`say_goodbye`): connections that end now
         #: are not drops, and no worker id is held for a rejoin
         self.stopping = False
@@ -1947,11 +1993,11 @@ class Gateway:
         name = hello.name
         live = self.peers.get(name)
         if hello.kind == "worker":
-            if role != "admin":
+            if role not in WORKER_TOKEN_ROLES:
                 return PermissionDenied(
                     "Hello as a worker",
                     f"this token is {'read-only' if role == 'read' else f'the {role} token'}; "
-                    "workers need the admin token",
+                    f"{WORKER_NEEDS}",
                 )
             if hello.info is None or hello.info.worker_id != name:
                 return ProtocolError(f"{HELLO_RULES}; got a worker Hello whose info does not match")
@@ -1965,6 +2011,10 @@ class Gateway:
             ):
                 return PermissionDenied("worker id", self._held(name))
             return None
+        if role == "worker":  # the worker token: nothing but a worker
+            return PermissionDenied(
+                f"Hello as a {hello.kind}", WORKER_TOKEN_OTHER, token_file=self.token_file
+            )
         if role not in SUBMITTING_ROLES and hello.kind == "client":
             return PermissionDenied(
                 "Hello as a client", READ_TOKEN_CLIENT, token_file=self.token_file
@@ -2047,7 +2097,8 @@ class Gateway:
             return
         assert isinstance(hello, Hello)
         # Hello accepted: raise the connection's receive limits by role (issue 9).
-        conn.set_limits(max_message_bytes=None if role in SUBMITTING_ROLES else 256 << 10)
+        trusted = role in SUBMITTING_ROLES or hello.kind == "worker"  # a worker: its results
+        conn.set_limits(max_message_bytes=None if trusted else 256 << 10)
         if hello.kind == "worker":
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
             lost = self._taken_over(hello)
@@ -2071,7 +2122,7 @@ class Gateway:
                     )  # fmt: skip
                     with contextlib.suppress(ActorStopped):  # the scheduler is stopping
                         await self.plane.refs["scheduler"].tell(WorkerGone(hello.name, lost.cause))
-                await conn.send(Frame(Welcome(secret)))
+                await conn.send(Frame(Welcome(secret, self.peer_token)))
                 welcomed = True
             except CorralError:  # gone before it heard its secret
                 await conn.aclose()
@@ -2104,7 +2155,7 @@ class Gateway:
         if hold is not None:
             hold.back.set()
         peer = Peer(
-            conn, door, name=hello.name, allow_pickle=role in SUBMITTING_ROLES,
+            conn, door, name=hello.name, allow_pickle=trusted,
             no_pickle=READ_TOKEN_PICKLE if role == "read" else "",
             heartbeat=self.heartbeat,
             timeout=self.dead_after if hello.kind == "worker" else self.client_dead_after,
@@ -3078,8 +3129,9 @@ async def run_worker(
         listen_options = dict(listen_options or {})
         connect_options: dict[str, Any] = {}
         if scheme in ("ws", "wss"):
-            # Its peers present the manager's admin token, as it does: its file may not
-            # be there yet (a manager not started): a placeholder until then.
+            # Its peers present the token it presents (its file may not be there yet, a
+            # manager not started: a placeholder until then), or, once it joined, the
+            # manager's worker token (its Welcome's peer_token), as it does.
             listen_options["tokens"] = {token or secrets.token_hex(32): "admin"}
             if token:
                 connect_options["token"] = token
@@ -3111,7 +3163,7 @@ async def run_worker(
                     if not isinstance(info, WorkerInfo) or not info.address:
                         return None  # not joined (any more): gone
                     where = info.address
-                conn = await connect(where, **connect_options)
+                conn = await connect(where, **{**connect_options, **peer_token})
                 peer = Peer(conn, None, name=wid, allow_pickle=True)
                 peers[wid] = peer
                 await system.start_service(peer.run)
@@ -3140,6 +3192,16 @@ async def run_worker(
 
             info = WorkerInfo(**{**worker.info.to_fields(), "address": own.address})
             secret = [""]  #: given by the manager at the first Welcome
+            #: what it presents to its peers: the manager's worker token, as its Welcome
+            #: tells it (none yet: the token it presents to the manager)
+            peer_token: dict[str, str] = {}
+
+            def accept_peers() -> None:
+                """Its peers may present the token it presents to the manager, or the
+                manager's worker token (a worker started by hand with the admin token,
+                and the workers of a pool with the worker token, fetch from each other)."""
+                accepted = {connect_options.get("token"), peer_token.get("token")}
+                own.set_tokens({t: "admin" for t in accepted if t})
 
             async def read_token() -> None:
                 """Present the token of its file (``token_file``, else the manager's
@@ -3152,7 +3214,7 @@ async def run_worker(
                 )
                 if new and new != connect_options.get("token"):
                     connect_options["token"] = new
-                    own.set_tokens({new: "admin"})
+                    accept_peers()
 
             async def join(patience: float | None = None) -> Peer:
                 """Connect, say Hello, take the Welcome; ``patience``: the seconds the
@@ -3172,6 +3234,9 @@ async def run_worker(
                         raise _WorkerRefused(refusal_error(answer, allow_pickle=True))
                     raise _WorkerRefused(not_welcomed(answer, address, "worker"))
                 secret[0] = answer.secret
+                if answer.peer_token and scheme in ("ws", "wss"):
+                    peer_token["token"] = answer.peer_token
+                    accept_peers()
                 peer = Peer(
                     conn, worker_ref["worker"], name="manager", allow_pickle=True,
                     heartbeat=HEARTBEAT, timeout=DEAD_AFTER, on_stall=blocked,

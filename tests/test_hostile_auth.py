@@ -392,8 +392,9 @@ async def test_no_other_connection_can_claim_a_worker_id(site: Site) -> None:
     wid = site.worker_id
     info = WorkerInfo(wid, 2, 0)
     attempts = [
-        (read, Hello("worker", wid, info), "this token is read-only; workers need the admin"),
+        (read, Hello("worker", wid, info), "this token is read-only; workers need the worker"),
         (admin, Hello("worker", wid, info), "needs the secret that worker was given"),
+        (site.tokens["worker"], Hello("worker", wid, info), "needs the secret that worker was"),
         (admin, Hello("worker", wid, info, "0" * 32), "needs the secret that worker was given"),
         (admin, Hello("console", wid), "is in use"),
         (admin, Hello("client", wid), "is in use"),
@@ -467,7 +468,9 @@ async def test_a_worker_with_the_read_token_exits_1_at_once_saying_why(site: Sit
         took = _wall(t0)
         out = worker.text()
         assert worker.popen.returncode == 1, out
-        assert "this token is read-only; workers need the admin token" in out, out
+        assert (
+            "this token is read-only; workers need the worker token (the 'worker' entry" in out
+        ), out
         assert len(out.splitlines()) <= 3, out  # said once, no reconnect loop
         assert took < 15, took
         print(f"read-token worker exited 1 after {took} s (process start included)")

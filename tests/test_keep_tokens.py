@@ -42,7 +42,8 @@ def test_no_file_means_new_tokens(tmp_path: Path) -> None:
 
 def test_a_manager_s_own_file_is_kept(tmp_path: Path) -> None:
     path = manager_file(tmp_path / "t.json", {"admin": ADMIN, "read": READ, "submit": SUBMIT})
-    assert node.Tokens.kept(path) == node.Tokens(ADMIN, READ, SUBMIT)
+    kept = node.Tokens.kept(path)  # (a new worker token: tests/test_worker_token.py)
+    assert kept is not None and (kept.admin, kept.read, kept.submit) == (ADMIN, READ, SUBMIT)
     # One from before the submit role: its two tokens kept, a new submit token made.
     path = manager_file(tmp_path / "t.json", {"admin": ADMIN, "read": READ})
     kept = node.Tokens.kept(path)
@@ -64,7 +65,7 @@ def test_a_manager_s_own_file_is_kept(tmp_path: Path) -> None:
         (
             {"admin": ADMIN, "read": READ, "submit": ADMIN},
             0o600,
-            "not a manager's admin and read tokens (and its submit token",
+            "not a manager's admin and read tokens (and its submit and worker tokens",
         ),
         ({"admin": ADMIN, "read": READ, "submit": "short"}, 0o600, "32 characters or more"),
         ({"admin": "short", "read": READ}, 0o600, "32 characters or more"),
@@ -116,7 +117,7 @@ async def test_a_restarted_manager_keeps_accepting_the_copied_admin_token(
         line = await run(cli.line_with, first, "manager listening on")
         address = line.split("manager listening on", 1)[1].strip()
         old = cli.tokens(address)
-        assert set(old) == {"admin", "read", "submit"}
+        assert set(old) == {"admin", "read", "submit", "worker"}
         copy = tmp_path / "elsewhere" / "worker.token"  # another machine's copy
         copy.parent.mkdir()
         copy.write_text(old["admin"] + "\n")

@@ -638,7 +638,7 @@ async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path
                 worker_init="module load x",
             )  # fmt: skip
             assert ckpt.prefix == "ckpt" and ckpt.run_dir == tmp_path / "ckpt"
-            assert ckpt.env == {"CORRAL_TOKEN": tokens.admin}
+            assert ckpt.env == here.env == {"CORRAL_TOKEN": tokens.worker}  # not the admin token
             assert here.pool == "here"  # its log lines name blocks here/block-<n>
             argv = ckpt.argv_for("block-1", 0)
             assert argv[3:7] == ["worker", argv[4], "--cores", "3"]

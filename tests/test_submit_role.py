@@ -121,7 +121,7 @@ def test_the_token_file_carries_the_submit_token_and_keep_tokens_keeps_it(
     tokens = Tokens.generate()
     path = tmp_path / "t.json"
     tokens.write(path)
-    assert set(json.loads(path.read_text())) == {"admin", "read", "submit"}
+    assert set(json.loads(path.read_text())) == {"admin", "read", "submit", "worker"}
     assert len({tokens.admin, tokens.read, tokens.submit}) == 3
     assert Tokens.kept(path) == tokens
     # A file from before the role: its admin and read tokens kept, a new submit token.
@@ -195,4 +195,7 @@ async def test_a_worker_with_the_submit_token_exits_1_saying_why(site: Site) -> 
         )  # fmt: skip
         assert await run(worker.wait, LIMIT) == 1
         out = "".join(await run(site.cli.rest, worker, LIMIT))
-        assert "this token is the submit token; workers need the admin token" in out, out
+        assert (
+            "this token is the submit token; workers need the worker token (the 'worker' entry"
+            in out
+        ), out

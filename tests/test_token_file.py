@@ -439,7 +439,8 @@ async def test_a_console_and_a_worker_at_a_port_where_nothing_listens_say_so(
         assert (
             "copy the admin token from that file on the manager's machine and pass it to this "
             "worker in a file readable by you only (chmod 600) with --token-file PATH (or set "
-            "CORRAL_TOKEN); a worker needs the admin token, not the read token"
+            "CORRAL_TOKEN); a worker needs the worker token (that file's 'worker' entry: the "
+            "better choice) or the admin token, not the read token"
         ) in out, out
         assert "--token " not in out and "to look only" not in out, out
 
