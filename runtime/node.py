@@ -3095,7 +3095,10 @@ async def run_worker(
     backoff for ``reconnect`` seconds, then raised. With ``token_file`` (not with
     ``token``) the token is read from that file again at each try, so a worker whose
     file is the manager's own token file (a shared file system) joins the restarted
-    manager with its new token. ``connect_retry``: seconds the first join keeps trying
+    manager with its new token. It takes ``CORRAL_TOKEN`` out of this process's
+    environment as it starts, whichever token it presents (:func:`take_env_token`: its
+    tasks and the programs they start do not inherit it), so a program that runs a worker
+    in its own process loses that variable. ``connect_retry``: seconds the first join keeps trying
     a manager that is not there yet (not listening, its token file not written, its
     token not the one presented) before it raises the last error (0: one try), and
     those a worker told that its manager stopped keeps trying to rejoin, with a
