@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import itertools
@@ -34,7 +35,12 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
-from dask.base import normalize_token, tokenize
+from dask._expr import Expr
+from dask._task_spec import DataNode, TaskRef
+from dask.base import is_dask_collection, normalize_token, tokenize
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.sizeof import sizeof
 from dask.utils import funcname
 
 from actors import transfer
@@ -50,6 +56,7 @@ from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
 from runtime import pickling, unpickling
+from runtime.codec import MAX_FRAME_BYTES
 from runtime.errors import (
     FLOOR_ADVICE,
     PAST_LIMIT_ADVICE,
@@ -85,6 +92,7 @@ from runtime.graph import (
     collections_expr,
     holds_collection,
     make_task,
+    persist_expr,
     reject_collection,
     short_repr,
     too_deep,
@@ -623,20 +631,67 @@ def _taken_in(n: int, began: float | None) -> None:
         )  # fmt: skip
 
 
-async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
+async def _for_manager(
+    manager: object, request: SubmitGraphRequest, *, inputs: bool = False
+) -> Message:
     """What to ask ``manager`` for ``request``: the request itself, or, to a manager in
     another process, a graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more
     (or a dask expression) as the pickle the connection would make of it
     (:func:`runtime.remote.to_wire`), made in a thread, so that its pickling does not
-    hold this event loop (docs/embedding.md). Errors are pickling's own, as on the loop."""
+    hold this event loop (docs/embedding.md). Errors are pickling's own, as on the loop.
+
+    ``inputs``: the graph holds :class:`Future` objects (:func:`_futures_in`). An
+    embedded manager takes them as they are (dask reads each as a reference to its key,
+    ``__dask_future__``); to a manager process the graph is pickled here, each future as
+    a ``TaskRef`` to its key (a Future itself does not pickle)."""
     if not isinstance(manager, _RemoteManager):
         return request  # an embedded manager takes the objects, and builds large graphs in a thread
     graph = request.graph
-    if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
-        return request
     from runtime.remote import to_wire
 
-    return await anyio.to_thread.run_sync(to_wire, request)
+    reducers: Mapping[type, Callable[[Any], Any]] | None = (
+        {Future: _future_as_ref} if inputs else None
+    )
+    if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
+        return to_wire(request, reducers) if inputs else request
+    return await anyio.to_thread.run_sync(to_wire, request, reducers)
+
+
+def _future_as_ref(future: Future) -> tuple[Any, tuple[Key]]:
+    """How a future inside a graph sent to a manager process pickles: as a reference to
+    its key, which dask's graph conversion there makes a dependency."""
+    return TaskRef, (future.key,)
+
+
+def _futures_in(graph: Any) -> list[Future]:
+    """The :class:`Future` objects inside ``graph`` (a graph, a dask expression, or
+    what they hold), each once: where dask keeps a collection's values (legacy tasks'
+    tuples, lists and dicts; a ``HighLevelGraph``'s materialized layers; an expression's
+    operands), as :meth:`Cluster.persist`'s collections and graphs written by hand hold
+    them. Layers dask generates (blockwise) are not materialized to look."""
+    found: dict[int, Future] = {}
+    seen: set[int] = set()
+    stack = [graph]
+    while stack:
+        obj = stack.pop()
+        t = type(obj)
+        if t is Future:
+            found.setdefault(id(obj), obj)
+        elif t is tuple or t is list or t is set or t is frozenset:
+            stack.extend(obj)
+        elif t is dict:
+            stack.extend(obj.values())
+        elif isinstance(obj, Expr | HighLevelGraph | MaterializedLayer):
+            if id(obj) in seen:  # (an expression's nodes may be shared)
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, Expr):
+                stack.extend(obj.operands)
+            elif isinstance(obj, HighLevelGraph):
+                stack.extend(obj.layers.values())
+            else:
+                stack.append(obj.mapping)
+    return list(found.values())
 
 
 @message(local=True)
@@ -1134,6 +1189,12 @@ class Future:
     """A handle on a task's result. ``await fut`` gives the value (or raises)."""
 
     __slots__ = ("__weakref__", "_client", "_cluster", "_finalizer", "_watch", "key")
+
+    #: dask's mark of a scheduler's future (``dask._task_spec``): inside a dask graph or
+    #: a task's arguments, dask reads it as a reference to its key (a dependency), as it
+    #: reads dask.distributed's. So a persisted collection (:meth:`Cluster.persist`),
+    #: whose graph maps each of its keys to its future, is computed from those futures.
+    __dask_future__ = True
 
     def __init__(self, key: Key, cluster: Cluster) -> None:
         self.key = key
@@ -2535,28 +2596,36 @@ class Cluster:
                     "its own. Give the collection (or a list of them) alone, "
                     "submit_graph(x), for one future per collection"
                 )
-            graph, keys, _ = await self._collections((graph,), "submit_graph")
+            graph, keys, _, inputs = await self._collections((graph,), "submit_graph")
         elif keys is None:
             raise TypeError(
                 "submit_graph needs the keys of the graph to compute, submit_graph(graph, "
                 "keys), or dask collections alone, submit_graph(x) or submit_graph([x, y])"
             )
-        # Checked before any Future holds a key (and here, not after pickling the graph
-        # off to a remote manager): GraphError saying what each must be.
-        reject_collection(graph)
+        else:
+            # Checked before any Future holds a key (and here, not after pickling the
+            # graph off to a remote manager): GraphError saying what each must be.
+            reject_collection(graph)
+            inputs = await self._inputs_of(graph)
         check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
         futures = [Future(k, self) for k in keys]
         for f in futures:
             f._watch.pool = opts.pool
-        await self._submit(graph, keys, opts)
+        await self._submit(graph, keys, opts, inputs)
         return futures
 
     async def _submit(
-        self, graph: Mapping[Key, Any], keys: Sequence[Key], opts: TaskOptions
+        self,
+        graph: Mapping[Key, Any],
+        keys: Sequence[Key],
+        opts: TaskOptions,
+        inputs: Sequence[Future] = (),
     ) -> None:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
-        hashable, ``opts`` checked). A graph more than one message to a remote manager
+        hashable, ``opts`` checked; ``inputs``: the futures it holds, checked by
+        :meth:`_inputs_of`, held by the caller until this returns: the manager then has
+        the tasks that read them). A graph more than one message to a remote manager
         may carry is a :class:`GraphError` saying what to do."""
         client = self._client_actor
         under_way = tuple(dict.fromkeys(keys))
@@ -2579,7 +2648,7 @@ class Cluster:
             n = len(graph) if isinstance(graph, Sized) else 0  # (a dask expression: not known)
             began = _sending(n)
             reply = await self._manager.ask(
-                await _for_manager(self._manager, request), timeout=None
+                await _for_manager(self._manager, request, inputs=bool(inputs)), timeout=None
             )
             _taken_in(n, began)
         except FrameTooLarge as exc:
@@ -2602,10 +2671,11 @@ class Cluster:
 
     async def _collections(
         self, args: tuple[Any, ...], method: str
-    ) -> tuple[Any, list[Key], Callable[[Any], Any]]:
+    ) -> tuple[Any, list[Key], Callable[[Any], Any], list[Future]]:
         """:func:`~runtime.graph.collections_expr` of ``args``, each a dask collection
         or a list or tuple of them (``TypeError`` for anything else among them), made in
-        a thread: dask's optimization may take a while."""
+        a thread: dask's optimization may take a while; and the futures it holds (a
+        persisted collection's), checked (:meth:`_inputs_of`)."""
         for arg in args:
             if not holds_collection(arg):
                 raise TypeError(
@@ -2614,8 +2684,44 @@ class Cluster:
                     f"of them) alone, whose keys are their own; a graph goes with its keys "
                     f"alone, {method}(graph, keys)"
                 )
-        expr, keys, repack = await anyio.to_thread.run_sync(collections_expr, args)
-        return expr, keys, repack
+
+        def made() -> tuple[Any, list[Key], Callable[[Any], Any], list[Future]]:
+            expr, keys, repack = collections_expr(args)
+            return expr, keys, repack, _futures_in(expr)
+
+        expr, keys, repack, inputs = await anyio.to_thread.run_sync(made)
+        return expr, keys, repack, self._checked_inputs(inputs)
+
+    async def _inputs_of(self, graph: Any) -> list[Future]:
+        """The futures ``graph`` holds (:func:`_futures_in`; looked for in a thread in a
+        graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more), checked: each
+        this cluster's and not released (:class:`~runtime.errors.CorralError` naming
+        it), so each stands for a key the cluster holds."""
+        if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
+            found = _futures_in(graph)
+        else:
+            found = await anyio.to_thread.run_sync(_futures_in, graph)
+        return self._checked_inputs(found)
+
+    def _checked_inputs(self, found: list[Future]) -> list[Future]:
+        for f in found:
+            if f._cluster is not self:
+                raise CorralError(
+                    f"future {f.key!r} in the graph belongs to another cluster: a graph "
+                    "(a persisted collection's) is computed on the cluster its futures "
+                    "belong to",
+                    key=f.key,
+                )
+            if f.released:
+                raise CorralError(
+                    f"the graph holds future {f.key!r}, which was released "
+                    "(Future.release()): its task's result may be gone from the cluster, "
+                    "and the graph has no other way to make it, so nothing was computed. "
+                    "Keep a persisted collection's futures while collections made from it "
+                    "are computed, or persist (or compute) the original collection again.",
+                    key=f.key,
+                )
+        return found
 
     async def compute(self, *args: Any, **options: Any) -> Any:
         """Compute dask collections, ``compute(x)`` (the value of ``x``, what
@@ -2631,18 +2737,12 @@ class Cluster:
         does), so that it can be opened (same machine) or downloaded.
         """
         self._require()
-        unknown = options.keys() - _OPTIONS
-        if unknown:
-            raise TypeError(
-                f"compute got unknown option(s) {sorted(unknown)}; it takes "
-                f"{', '.join(sorted(_OPTIONS))}"
-            )
-        opts = TaskOptions.of(SUBMISSION, **options)
+        opts = _submission_options("compute", options)
         if len(args) == 2 and not holds_collection(args[0]):  # (not its keys: may be many)
             graph, keys = args
         elif any(holds_collection(arg) for arg in args):
-            expr, flat, repack = await self._collections(args, "compute")
-            values = repack(await self._compute(expr, flat, opts))
+            expr, flat, repack, inputs = await self._collections(args, "compute")
+            values = repack(await self._compute(expr, flat, opts, inputs))
             return values[0] if len(args) == 1 else values
         else:
             raise TypeError(
@@ -2651,10 +2751,14 @@ class Cluster:
             )
         reject_collection(graph)  # GraphError for each, before any key is held
         check_shuffle_method(graph)  # with this process's dask config
-        return await self._compute(graph, keys, opts)
+        inputs = await self._inputs_of(graph)
+        return await self._compute(graph, keys, opts, inputs)
 
-    async def _compute(self, graph: Any, keys: Any, opts: TaskOptions) -> Any:
-        """:meth:`compute` of a checked graph (or expression) and its keys."""
+    async def _compute(
+        self, graph: Any, keys: Any, opts: TaskOptions, inputs: Sequence[Future] = ()
+    ) -> Any:
+        """:meth:`compute` of a checked graph (or expression) and its keys (``inputs``:
+        the futures it holds, checked)."""
         from runtime.graph import flatten_keys
 
         flat = flatten_keys(keys)
@@ -2665,7 +2769,7 @@ class Cluster:
             watch.pool = opts.pool
         values: list[Any] = []
         try:
-            await self._submit(graph, flat, opts)
+            await self._submit(graph, flat, opts, inputs)
             values = await self._gather_keys(flat, root_errors=True, note=True)
         finally:
             loop = asyncio.get_running_loop()
@@ -2678,14 +2782,119 @@ class Cluster:
                     client.unhold(k)
         return _pack(keys, dict(zip(flat, values, strict=True)))
 
-    def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
-        """A synchronous dask scheduler bound to this running cluster, for code in
-        another thread: ``dask.compute(x, scheduler=cluster.get)`` (also
-        ``x.persist(scheduler=cluster.get)``), say in ``await
-        anyio.to_thread.run_sync(...)``. It waits for :meth:`compute` of ``dsk`` and
-        ``keys`` on the cluster's event loop (``options`` as for ``compute``); an
+    async def persist(self, *collections: Any, **options: Any) -> Any:
+        """Start computing dask collections on the cluster and keep their chunks there:
+        ``x = await cluster.persist(x)`` (``persist(x, y)`` gives a tuple, ``persist([x,
+        y])`` a list), as dask.distributed's ``Client.persist``. Returns once the graph
+        is submitted, not computed: each collection rebuilt on the futures of its own
+        keys (dask's ``__dask_postpersist__``), so that what is computed from it later
+        (``await cluster.compute(x.sum())``) runs only its new tasks, reading those
+        chunks on the workers. The chunks stay on the cluster while the returned
+        collection (its futures: ``Future`` objects in its graph) lives; a collection
+        made from it that is computed after they were released (``Future.release()``)
+        raises :class:`~runtime.errors.CorralError` saying so, nothing computed.
+
+        ``options`` are ``compute``'s (``priority``, ``retries``, ``resources``, ``pool``,
+        ``timeout``): every task's settings. ``TypeError`` for anything that is not a
+        dask collection."""
+        self._require()
+        opts = _submission_options("persist", options)
+        shape: type[list[Any]] | type[tuple[Any, ...]] | None = None
+        items = list(collections)
+        if len(collections) == 1 and type(collections[0]) in (list, tuple):
+            shape, items = type(collections[0]), list(collections[0])
+        for c in items:
+            if not is_dask_collection(c):
+                raise TypeError(
+                    f"persist takes dask collections (persist(x), persist(x, y), "
+                    f"persist([x, y])), got {type(c).__name__} {short_repr(c)}; for "
+                    "values, scatter(data); for a graph, submit_graph(graph, keys)"
+                )
+        if not items:
+            return shape() if shape else ()
+
+        def made() -> tuple[Any, list[Any], list[Future]]:
+            expr, keys = persist_expr(items)
+            return expr, keys, _futures_in(expr)
+
+        expr, keys, found = await anyio.to_thread.run_sync(made)
+        inputs = self._checked_inputs(found)
+        flat = list(dict.fromkeys(flatten(keys)))
+        futures = {k: Future(k, self) for k in flat}
+        for f in futures.values():
+            f._watch.pool = opts.pool
+        await self._submit(expr, flat, opts, inputs)
+        rebuilt = []
+        for c, ks in zip(items, keys, strict=True):
+            rebuild, args = c.__dask_postpersist__()
+            rebuilt.append(rebuild({k: futures[k] for k in flatten(ks)}, *args))
+        if shape is not None:
+            return shape(rebuilt)
+        return rebuilt[0] if len(rebuilt) == 1 else tuple(rebuilt)
+
+    async def scatter(self, data: Any, *, hash: bool = True, **dask_only: Any) -> Any:
+        """Put values on the cluster, each as a :class:`Future` (of a task that returns
+        it), to pass to ``submit`` and ``map`` or inside graphs: ``scatter(value)`` gives
+        a future, ``scatter([a, b])`` a list of futures, ``scatter({"a": a})`` a dict
+        of futures keyed alike, as dask.distributed's ``Client.scatter``. A value's key
+        is its type's name and its dask token: the same value scattered twice is one
+        task (``hash=False``: a random key each time). The value stays on the cluster
+        while its future lives.
+
+        A value is a task's argument: at most :data:`~runtime.codec.MAX_FRAME_BYTES`
+        (256 MiB) pickled, the most one message to a worker process carries, on any
+        cluster; past it :class:`~runtime.errors.TaskArgumentsTooLarge` at the call,
+        nothing sent (scatter it in parts, or load it in a task). It is measured (pickled)
+        when dask's ``sizeof`` makes it :data:`SCATTER_MEASURED` (1 MiB) or more; one
+        that ``sizeof`` underestimates fails, if too large, when sent to a worker
+        process, with the same error. dask.distributed's
+        ``broadcast=``, ``workers=``, ``direct=`` and ``timeout=`` raise
+        :class:`~runtime.errors.DaskOnlyArgument`, saying what to do instead."""
+        self._require()
+        for name in dask_only:
+            instead = _SCATTER_DASK_ONLY.get(name)
+            if instead is None:
+                raise TypeError(
+                    f"scatter got an unexpected keyword argument {name!r}; it takes data and hash="
+                )
+            raise DaskOnlyArgument(name, "", instead, method="scatter")
+        names = list(data) if type(data) is dict else None
+        if names is not None:
+            values = list(data.values())
+        elif type(data) in (list, tuple, set, frozenset):
+            values = list(data)
+        else:
+            values = [data]
+        keys, graph = await anyio.to_thread.run_sync(_scattered, values, hash)
+        futures = {k: Future(k, self) for k in graph}  # (a value given twice: one task)
+        if graph:
+            await self._submit(graph, list(graph), _DEFAULTS)
+        out = [futures[k] for k in keys]
+        if names is not None:
+            return dict(zip(names, out, strict=True))
+        if type(data) in (list, tuple):
+            return type(data)(out)
+        return out if type(data) in (set, frozenset) else out[0]
+
+    @property
+    def get(self) -> Callable[..., Any]:
+        """``get(dsk, keys, **options)``: a synchronous dask scheduler bound to this
+        running cluster, for code in another thread: ``dask.compute(x,
+        scheduler=cluster.get)`` (also ``x.persist(scheduler=cluster.get)``), say in
+        ``await anyio.to_thread.run_sync(...)``. It waits for :meth:`compute` of ``dsk``
+        and ``keys`` on the cluster's event loop (``options`` as for ``compute``); an
         interrupt of the wait cancels it. ``CorralError`` in the event loop's own
-        thread, which the wait would block: there, ``await cluster.compute(x)``."""
+        thread, which the wait would block: there, ``await cluster.compute(x)``.
+
+        A function, not a bound method: dask hands its persist calls to the object a
+        scheduler is a method of when that object has a ``persist`` (synchronously, as
+        dask.distributed's ``Client.persist``), and :meth:`persist` is a coroutine. So
+        ``x.persist(scheduler=cluster.get)`` stays dask's own, which brings the chunks
+        into the calling thread's memory."""
+        return functools.partial(self._get)
+
+    def _get(self, dsk: Any, keys: Any, **options: Any) -> Any:
+        """:attr:`get`'s call."""
         self._require()
         loop = self._loop
         assert loop is not None  # set by start, as _system is
@@ -2987,6 +3196,56 @@ class Cluster:
 
 #: The options ``compute`` passes on to ``submit_graph``.
 _OPTIONS = frozenset({"priority", "retries", "resources", "pool", "timeout"})
+
+
+#: A value :meth:`Cluster.scatter` is given is pickled, to measure it against the limit
+#: of a task's arguments, when dask's ``sizeof`` makes it this large or larger (below,
+#: not: its pickle would be a copy made for nothing, in an embedded cluster's workers)
+SCATTER_MEASURED = 2**20
+
+
+def _scattered(values: list[Any], pure: bool) -> tuple[list[Key], dict[Key, Any]]:
+    """The keys of ``values`` for :meth:`Cluster.scatter`, in order, and the graph of
+    their tasks (one per key); :class:`TaskArgumentsTooLarge` for a value over the limit
+    of a task's arguments. Slow for large values (tokenized, maybe pickled): in a
+    thread."""
+    keys: list[Key] = []
+    graph: dict[Key, Any] = {}
+    limit = MAX_FRAME_BYTES
+    for i, value in enumerate(values):
+        name = type(value).__name__
+        if sizeof(value) >= SCATTER_MEASURED:  # (measured before it is hashed, which is slow)
+            size = len(pickling.cloudpickle_dumps(DataNode(name, value)))
+            if size > limit - (1 << 20):  # with the message around it, it could not go
+                raise TaskArgumentsTooLarge(f"{name}, item {i}", size, limit, scattered=True)
+        key = f"{name}-{tokenize(value) if pure else os.urandom(16).hex()}"
+        keys.append(key)
+        graph.setdefault(key, DataNode(key, value))
+    return keys, graph
+
+
+def _submission_options(method: str, options: Mapping[str, Any]) -> TaskOptions:
+    """The settings of a ``compute`` or ``persist`` call, checked (``TypeError`` for an
+    unknown one, ``GraphError`` for a bad value)."""
+    unknown = options.keys() - _OPTIONS
+    if unknown:
+        raise TypeError(
+            f"{method} got unknown option(s) {sorted(unknown)}; it takes "
+            f"{', '.join(sorted(_OPTIONS))}"
+        )
+    return TaskOptions.of(SUBMISSION, **options)
+
+
+#: The keywords of dask.distributed's ``Client.scatter`` that Corral's does not take,
+#: and what to do instead.
+_SCATTER_DASK_ONLY = {
+    "broadcast": "Corral copies a value to the workers whose tasks read it, when they "
+    "read it (and keeps temporary replicas of outputs long to make again): leave it out",
+    "workers": "Corral places the task that holds the value like any other, by pool: "
+    "leave it out, or submit the value's task yourself with pool=",
+    "direct": "a Corral client always sends through the manager: leave it out",
+    "timeout": "await the call within anyio.fail_after(seconds) instead",
+}
 
 #: What each method that takes futures says to do with something else.
 _TAKES_FUTURES = {

@@ -1187,16 +1187,26 @@ class TaskArgumentsTooLarge(CorralError):
     tasks) pickled to ``size`` bytes, more than one message to a worker process may
     carry (``limit``), so it could not be sent to a worker and did not run."""
 
-    def __init__(self, key: str, size: int, limit: int) -> None:
-        super().__init__(
-            f"task {key!r} could not be sent to a worker process: its arguments are "
-            f"{size_text(size)} pickled ({size:,} bytes), over the {size_text(limit)} one message "
-            "may carry. Large data should be the output of a task, which moves between "
-            "processes in parts of any size: make or load it in a task (np.load, "
-            "da.from_zarr, reading a file) instead of passing it as an argument (a "
-            "numpy array given to da.from_array, a big list or bytes).",
-            key=key, size=size, limit=limit,
-        )  # fmt: skip
+    def __init__(self, key: str, size: int, limit: int, *, scattered: bool = False) -> None:
+        if scattered:  # Cluster.scatter(value): refused at the call, nothing sent
+            text = (
+                f"scatter got a value ({key}) of {size_text(size)} pickled ({size:,} "
+                f"bytes), over the {size_text(limit)} a task's arguments may carry "
+                "to a worker process; nothing was sent. Scatter it in parts (a list of "
+                "smaller values, one future each), or make or load it in a task "
+                "(cluster.submit(np.load, path), da.from_zarr), whose output moves between "
+                "processes in parts of any size."
+            )
+        else:
+            text = (
+                f"task {key!r} could not be sent to a worker process: its arguments are "
+                f"{size_text(size)} pickled ({size:,} bytes), over the {size_text(limit)} "
+                "one message may carry. Large data should be the output of a task, which "
+                "moves between processes in parts of any size: make or load it in a task "
+                "(np.load, da.from_zarr, reading a file) instead of passing it as an "
+                "argument (a numpy array given to da.from_array, a big list or bytes)."
+            )
+        super().__init__(text, key=key, size=size, limit=limit)
 
 
 class TaskErrorTooLarge(CorralError):
@@ -1728,18 +1738,25 @@ class DaskOnlyArgument(CorralError, TypeError):
     """``submit`` or ``map`` got ``name``, a keyword of dask.distributed's
     ``Client.submit``/``Client.map`` that Corral's do not take, for a function that
     does not take it either (its signature names no such parameter). Corral says so at
-    the call instead of passing it to the function; ``instead`` is what to use.
+    the call instead of passing it to the function; ``instead`` is what to use. Or
+    ``method`` (``scatter``) got such a keyword (``func`` is then empty).
     Also a ``TypeError``, what a call with an unexpected keyword raises."""
 
     name: str
     func: str
     instead: str
 
-    def __init__(self, name: str, func: str, instead: str) -> None:
+    def __init__(self, name: str, func: str, instead: str, *, method: str = "") -> None:
+        if method:  # a keyword of a call with no function to pass it to (scatter)
+            said = f"{name}= is a dask.distributed keyword that Corral's {method} does not take."
+        else:
+            said = (
+                f"{name}= is a dask.distributed keyword that Corral's submit and map do not "
+                f"take, and {func}() has no parameter {name!r}, so it is not passed to it "
+                "either."
+            )
         super().__init__(
-            f"{name}= is a dask.distributed keyword that Corral's submit and map do not "
-            f"take, and {func}() has no parameter {name!r}, so it is not passed to it "
-            f"either. {instead} (docs/api.md, 'Coming from dask.distributed').",
+            f"{said} {instead} (docs/api.md, 'Coming from dask.distributed').",
             name=name,
             func=func,
             instead=instead,

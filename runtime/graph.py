@@ -71,6 +71,7 @@ __all__ = [
     "make_task",
     "node_fingerprint",
     "normalize_graph",
+    "persist_expr",
     "reject_collection",
     "short_repr",
     "small_memory_notes",
@@ -707,6 +708,16 @@ def collections_expr(args: tuple[Any, ...]) -> tuple[Expr, list[Key], Callable[[
     collections, repack = unpack_collections(*args, traverse=True)
     expr = FinalizeCompute(collections_to_expr(collections, optimize_graph=True)).optimize()
     return expr, list(flatten(expr.__dask_keys__())), repack
+
+
+def persist_expr(collections: list[Any]) -> tuple[Expr, list[Any]]:
+    """What ``Cluster.persist`` submits for dask ``collections``: their expression,
+    optimized by dask (not finalized: the tasks of their own keys, each a chunk), and
+    each collection's keys (``__dask_keys__``, as nested as the collection makes
+    them), in order. Slow for a large collection, as :func:`collections_expr`: call it in
+    a thread."""
+    expr = collections_to_expr(list(collections), optimize_graph=True).optimize()
+    return expr, list(expr.__dask_keys__())
 
 
 def normalize_graph(
