@@ -15,7 +15,9 @@ from collections import Counter
 
 import anyio
 import dask.array as da
+import dask.dataframe as dd
 import numpy as np
+import pandas as pd
 import pytest
 
 from runtime import Cluster
@@ -115,12 +117,17 @@ async def test_computing_from_released_persisted_futures_raises_and_runs_nothing
 
 async def test_a_persisted_collection_computes_through_a_manager_process_connection() -> None:
     """A manager behind a connection (the codec pickles each message): the futures in
-    the graph travel as references to their keys."""
+    the graph travel as references to their keys. An array's and a dataframe's."""
     with anyio.fail_after(LIMIT):
         async with nodes(1) as (address, _), Cluster(address) as cluster:
             x = await cluster.persist(chunks("remote"))
             assert await cluster.compute(x.sum()) == 32.0
             assert RUNS["remote"] == 4
+            frame = pd.DataFrame({"a": range(100), "b": range(100)})
+            df = dd.from_pandas(frame, npartitions=4)
+            kept = await cluster.persist(df[df.a > 10])
+            assert isinstance(kept, dd.DataFrame)
+            assert await cluster.compute(kept.b.sum()) == frame[frame.a > 10].b.sum()
 
 
 def add(a: float, b: float) -> float:
