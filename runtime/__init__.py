@@ -13,6 +13,10 @@ Example::
 
 from typing import TYPE_CHECKING, Any
 
+# First: Corral's other packages (actors, policies, transport) must come from this
+# installation, not from a user's folder or module of that name first on sys.path
+# (PackageShadowed says which; runtime/packages.py).
+import runtime.packages  # noqa: F401 (imported for its check)
 from runtime.errors import (
     ActorCrashed,
     ActorStopped,
@@ -51,6 +55,7 @@ from runtime.errors import (
     MemoryStalled,
     MissingKeysError,
     MonitoringDBError,
+    PackageShadowed,
     PermissionDenied,
     PolicyConfigError,
     PolicyCreateError,
@@ -167,6 +172,7 @@ __all__ = [
     "Message",
     "MissingKeysError",
     "MonitoringDBError",
+    "PackageShadowed",
     "PermissionDenied",
     "PolicyConfigError",
     "PolicyCreateError",

@@ -1166,6 +1166,9 @@ def _check_worker_name(name: str | None) -> None:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from runtime.errors import MemoryConfigError, PermissionDenied
+    from runtime.packages import working_directory_last
+
+    working_directory_last()  # started with -P (worker_argv): task modules there load
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")

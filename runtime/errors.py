@@ -52,6 +52,7 @@ __all__ = [
     "MemoryStalled",
     "MissingKeysError",
     "MonitoringDBError",
+    "PackageShadowed",
     "PermissionDenied",
     "PolicyCreateError",
     "PolicyKindError",
@@ -119,6 +120,29 @@ def _names(keys: Iterable[object], limit: int = 8) -> str:
 
 
 # ----------------------------------------------------------------------------- actors
+
+
+class PackageShadowed(CorralError, ImportError):
+    """One of Corral's top-level packages (``package``: ``runtime``, ``actors``,
+    ``policies`` or ``transport``) would be imported from ``shadow``, a module or folder
+    of the same name that comes first on ``sys.path`` (the script's directory, or the
+    working directory under ``python -m``), instead of from Corral's installation
+    (``corral``, the directory that holds Corral's packages). Raised when ``runtime`` is
+    imported (:func:`runtime.packages.check_packages`), before anything imports the
+    wrong one. An :class:`ImportError`, and defined here, in a module that imports
+    nothing of Corral's, so it can be raised with the others shadowed."""
+
+    def __init__(self, package: str, shadow: str, corral: str) -> None:
+        super().__init__(
+            f"{shadow} shadows Corral's package {package!r} (Corral is installed in "
+            f"{corral}): Python finds it first on sys.path (the script's directory, or "
+            f"the working directory under `python -m`). Rename it, or run from another "
+            f"directory (with Corral installed, the `corral` command does not look in the "
+            f"working directory)",
+            package=package,
+            shadow=shadow,
+            corral=corral,
+        )
 
 
 class ActorStopped(CorralError):

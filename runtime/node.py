@@ -754,7 +754,10 @@ def worker_argv(
     its machine's memory, one of N workers there."""
     import sys
 
-    argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
+    # -P: the working directory does not come first on the worker's sys.path, where a
+    # user's `policies/` would shadow Corral's; the worker adds it at the end
+    # (runtime.packages.working_directory_last).
+    argv = [sys.executable, "-P", "-m", "runtime", "worker", address, "--cores", str(threads)]
     argv += ["--memory", str(memory), "--pool", pool]
     if not memory and share > 1:
         argv += ["--memory-share", str(share)]
