@@ -96,9 +96,11 @@ class Pong(Message):
     token: int = 0
 
 
-#: The Corral release this code is (``runtime.__version__``; pyproject.toml's version).
-#: Defined here, at the base, so the codec can name it in its advice about an
-#: incompatible peer: a refusal then says which version the refusing side runs.
+#: The Corral release this code is: ``runtime.__version__``, and the package's version
+#: (pyproject.toml reads it here: ``[tool.setuptools.dynamic]``; keep it a literal
+#: string, which setuptools reads without importing this module). Defined here, at the
+#: base, so the codec can name it in its advice about an incompatible peer: a refusal
+#: then says which version the refusing side runs.
 CORRAL_VERSION = "0.1.0"
 
 
