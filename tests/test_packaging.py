@@ -1,6 +1,13 @@
-"""What the package metadata says (audit wheel.md F2): the version has one source,
-``runtime.messages.CORRAL_VERSION``, which pyproject.toml reads as setuptools does
-(``[tool.setuptools.dynamic]``: the module's literal, without importing it)."""
+"""What the package metadata says and what the distributions hold (audit wheel.md F2,
+F4, F5, F7): the version has one source, ``runtime.messages.CORRAL_VERSION``, which
+pyproject.toml reads as setuptools does (``[tool.setuptools.dynamic]``: the module's
+literal, without importing it); the sdist holds what its own tests need; the license
+text the metadata declares ships in both; each package is marked typed (PEP 561).
+
+These read the configuration; the distributions themselves were checked by building
+them (``python -m build``, then ``unzip -l`` and ``tar tzf``, and the sdist's tests
+collected and run from the unpacked sdist), which needs the network for setuptools >= 77
+and is not a test here."""
 
 from __future__ import annotations
 
@@ -41,3 +48,46 @@ def test_the_package_version_is_read_from_the_one_constant_the_protocol_names() 
     module, _, name = attr.rpartition(".")
     assert (module, name) == ("runtime.messages", "CORRAL_VERSION")
     assert _literal(module, name) == CORRAL_VERSION == runtime.__version__
+
+
+PACKAGES = ("runtime", "actors", "policies", "transport")
+
+
+def _manifest() -> list[list[str]]:
+    lines = (ROOT / "MANIFEST.in").read_text().splitlines()
+    return [line.split() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_the_sdist_holds_the_helpers_docs_and_scripts_its_tests_use() -> None:
+    """setuptools puts tests/test_*.py in the sdist by itself, not tests/helpers.py,
+    conftest.py and the rest they import (before: 169 of 202 test files failed to
+    import in an unpacked sdist), nor the docs, benchmarks and .ci scripts tests read."""
+    grafted = {words[1] for words in _manifest() if words[0] == "graft"}
+    assert {"tests", "docs", "benchmarks", "demos", ".ci"} <= grafted
+    needed = {
+        line.split()[1].split(".")[1]
+        for path in (ROOT / "tests").glob("*.py")
+        for line in path.read_text().splitlines()
+        if line.startswith("from tests.") and not line.startswith("from tests.test_")
+    }
+    assert needed and all((ROOT / "tests" / f"{name}.py").is_file() for name in needed)
+    included = {word for words in _manifest() if words[0] == "include" for word in words[1:]}
+    assert {"LICENSE", "README.md"} <= included
+
+
+def test_the_declared_license_ships_its_text() -> None:
+    """BSD-3-Clause is declared: its text, with the copyright line, is LICENSE, which
+    the metadata names (License-File) so the wheel and the sdist carry it."""
+    project = _pyproject()["project"]
+    assert project["license"] == "BSD-3-Clause"
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Copyright (c) 2026, the Corral authors" in text
+    assert "3. Neither the name of the copyright holder" in text
+
+
+def test_each_package_is_marked_typed_and_the_marker_ships() -> None:
+    """The packages are checked with mypy --strict: each has py.typed (PEP 561), and
+    package-data puts it in the wheel, so a user's mypy reads Corral's annotations."""
+    assert all((ROOT / name / "py.typed").is_file() for name in PACKAGES)
+    assert _pyproject()["tool"]["setuptools"]["package-data"] == {"*": ["py.typed"]}
