@@ -91,3 +91,14 @@ def test_each_package_is_marked_typed_and_the_marker_ships() -> None:
     package-data puts it in the wheel, so a user's mypy reads Corral's annotations."""
     assert all((ROOT / name / "py.typed").is_file() for name in PACKAGES)
     assert _pyproject()["tool"]["setuptools"]["package-data"] == {"*": ["py.typed"]}
+
+
+def test_the_readme_names_the_console_script_as_the_same_command() -> None:
+    """The printed hints say ``python -m runtime``; the README says once that the
+    installed console script (pyproject's ``[project.scripts]``) is the same command
+    (audit wheel.md F6: before, only docs/architecture.md named it)."""
+    scripts = _pyproject()["project"]["scripts"]
+    (name,) = [n for n, target in scripts.items() if target == "runtime.__main__:main"]
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines joined
+    assert readme.count(f"the `{name}` script") == 1
+    assert f"`{name} --workers 4` is `python3 -m runtime --workers 4`" in readme
