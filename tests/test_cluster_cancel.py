@@ -223,6 +223,8 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "story": lambda c: c.story("a"),
     "wait_for_workers": lambda c: c.wait_for_workers(1),
     "scheduler_state": lambda c: c.scheduler_state,
+    "persist": lambda c: c.persist(),
+    "scatter": lambda c: c.scatter(1),
 }
 #: Those that need no running cluster: starting and stopping it, reading its settings,
 #: its dashboard's URL (None then), the clusters running (a static method).

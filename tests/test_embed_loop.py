@@ -84,10 +84,10 @@ async def test_a_large_graph_for_a_manager_process_is_pickled_off_the_loop(
     to_wire = runtime.remote.to_wire
     loop_thread = threading.get_ident()
 
-    def spying(msg: Any) -> Any:
+    def spying(msg: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(msg, SubmitGraphRequest):
             made.append((len(msg.graph), threading.get_ident() == loop_thread))
-        return to_wire(msg)
+        return to_wire(msg, *args, **kwargs)
 
     monkeypatch.setattr(runtime.remote, "to_wire", spying)
     big, big_ends = chains(600)  # 3,000 tasks
