@@ -150,6 +150,7 @@ from runtime.monitor import (
     alerting_config,
     load_alerting,
 )
+from runtime.packages import corral_home as corral_install
 from runtime.remote import (
     Peer,
     Refused,
@@ -756,8 +757,11 @@ def worker_argv(
 
     # -P: the working directory does not come first on the worker's sys.path, where a
     # user's `policies/` would shadow Corral's; the worker adds it at the end
-    # (runtime.packages.working_directory_last).
-    argv = [sys.executable, "-P", "-m", "runtime", "worker", address, "--cores", str(threads)]
+    # (runtime.packages.working_directory_last). Not when Corral itself is run from the
+    # working directory (a checkout, in place): -P would make its workers import another
+    # copy of Corral, an installed one, or none; no folder there can shadow it.
+    safe = [] if corral_install() == Path.cwd().resolve() else ["-P"]
+    argv = [sys.executable, *safe, "-m", "runtime", "worker", address, "--cores", str(threads)]
     argv += ["--memory", str(memory), "--pool", pool]
     if not memory and share > 1:
         argv += ["--memory-share", str(share)]

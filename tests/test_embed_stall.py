@@ -54,7 +54,7 @@ def impatient_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     real = runtime.node.worker_argv
 
     def argv(*args: Any, **kwargs: Any) -> list[str]:
-        line = real(*args, **kwargs)
+        line = [arg for arg in real(*args, **kwargs) if arg != "-P"]
         assert line[:3] == [sys.executable, "-m", "runtime"], line
         return [sys.executable, "-c", SMALL_LIMITS, *line[3:]]
 

@@ -135,3 +135,21 @@ def test_local_worker_processes_started_in_a_shadowing_directory_run_its_tasks(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["15"]
+
+
+def test_worker_processes_run_with_safe_path_unless_corral_is_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-P`` keeps a user's folder in the working directory from shadowing Corral in
+    the workers it starts; but where Corral itself is the working directory (a checkout,
+    run in place, installed or not), ``-P`` would make them import another copy of
+    Corral (an installed one) or none, while no folder there can shadow it: no ``-P``
+    then (review 1206f: the workers of a manager run in a checkout loaded the installed
+    copy)."""
+    from runtime.node import worker_argv
+    from runtime.packages import corral_home
+
+    monkeypatch.chdir(tmp_path)
+    assert worker_argv("ws://h:1", 1, 0, "p")[1:5] == ["-P", "-m", "runtime", "worker"]
+    monkeypatch.chdir(corral_home())
+    assert worker_argv("ws://h:1", 1, 0, "p")[1:4] == ["-m", "runtime", "worker"]

@@ -641,8 +641,16 @@ async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path
             assert ckpt.env == here.env == {"CORRAL_TOKEN": tokens.worker}  # not the admin token
             assert here.pool == "here"  # its log lines name blocks here/block-<n>
             argv = ckpt.argv_for("block-1", 0)
-            assert argv[3:7] == ["worker", argv[4], "--cores", "3"]
-            assert argv[4].endswith(":8786") and "0.0.0.0" not in argv[4]
+            at = argv.index("worker")  # (after `python [-P] -m runtime`)
+            assert argv[at - 2 : at + 4] == [
+                "-m",
+                "runtime",
+                "worker",
+                argv[at + 1],
+                "--cores",
+                "3",
+            ]
+            assert argv[at + 1].endswith(":8786") and "0.0.0.0" not in argv[at + 1]
             # no memory_per_worker: each of a node's 2 workers takes half the node's
             assert argv[-6:] == [
                 "--pool", "ckpt", "--memory-share", "2", "--host", HOST_PLACEHOLDER,
@@ -650,7 +658,7 @@ async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path
             # A local worker reaches a wildcard listener on loopback, and knows its
             # deadline when its pool has a walltime.
             local = here.argv_for("block-1", 0)
-            assert local[4] == "ws://127.0.0.1:8786"
+            assert local[local.index("worker") + 1] == "ws://127.0.0.1:8786"
             assert local[local.index("--memory") + 1] == str(2**30)
             deadline = float(local[local.index("--deadline") + 1])
             assert 590 < deadline - time.time() <= 600
