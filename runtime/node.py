@@ -1238,27 +1238,28 @@ def worker_token_refused(
     if token:
         source = (
             "This worker presented the token it was given (--token): start it again with "
-            "the manager's current admin token, best in a file of its own (mode 0600) with "
-            "--token-file PATH"
+            "the manager's current worker token (or its admin token), best in a file of its "
+            "own (mode 0600) with --token-file PATH"
         )
     elif token_file is not None:
         source = (
             f"This worker presented the token of --token-file {os.fspath(token_file)} (its "
             "'admin' entry, if it is a manager's token file): write the manager's current "
-            "admin token in it and start the worker again"
+            "worker token (or its admin token) in it and start the worker again"
         )
     elif from_env:
         source = (
             "This worker presented CORRAL_TOKEN from the environment (it wins over the "
-            "manager's token file on this machine): set it to the manager's current admin "
-            "token, or unset it"
+            "manager's token file on this machine): set it to the manager's current worker "
+            "token (or its admin token), or unset it"
         )
     else:
         source = (
             f"This worker presented the admin token of {token_path(address)}, where a "
             "manager listening at that address on this machine writes its tokens: one "
             "running elsewhere (another machine, another CORRAL_HOME or --token-file) has "
-            "others; give its admin token with --token-file PATH (mode 0600)"
+            "others; give its worker token (or its admin token) with --token-file PATH "
+            "(mode 0600)"
         )
     return AuthenticationFailed(
         address,

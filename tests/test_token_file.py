@@ -535,13 +535,13 @@ async def test_a_worker_refused_at_its_start_says_why_and_what_to_do(tmp_path: P
         token_file(local, json.dumps({"admin": WRONG, "read": "e" * 64}))
         cases = [
             (["--token", WRONG], {}, "presented the token it was given (--token): start it "
-             "again with the manager's current admin token"),
+             "again with the manager's current worker token (or its admin token)"),
             (["--token-file", str(stale)], {}, f"presented the token of --token-file {stale} "
              "(its 'admin' entry, if it is a manager's token file): write the manager's "
-             "current admin token in it and start the worker again"),
+             "current worker token (or its admin token) in it and start the worker again"),
             ([], {"CORRAL_TOKEN": WRONG}, "presented CORRAL_TOKEN from the environment (it "
              "wins over the manager's token file on this machine): set it to the manager's "
-             "current admin token, or unset it"),
+             "current worker token (or its admin token), or unset it"),
             ([], {}, f"presented the admin token of {local}, where a manager listening at "
              "that address on this machine writes its tokens"),
         ]  # fmt: skip
