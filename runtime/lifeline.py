@@ -115,14 +115,26 @@ def own_process_group(parent_pid: int) -> None:
     In the worker's session when the worker leads one (a worker Corral started: its
     parent then kills what is left in that session once the worker has exited,
     :func:`kill_session`; that session has no terminal). Else (a worker started from a
-    shell, whose session has the terminal) a session of its own, as a terminal's
-    job-control signals then reach only the worker's group.
+    shell, whose session has the terminal; or one that leads a session with a terminal,
+    a container's first process started with one) a session of its own, as a
+    terminal's job-control signals then reach only the worker's group, and a program
+    that reads the terminal is not stopped for reading it from a background group.
     """
     with contextlib.suppress(OSError):  # (already a group leader: never, when spawned)
-        if os.getsid(0) == parent_pid:
+        if os.getsid(0) == parent_pid and not _has_terminal():
             os.setpgid(0, 0)
         else:
             os.setsid()
+
+
+def _has_terminal() -> bool:
+    """Whether this process has a controlling terminal (its session has one)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def _stat(pid: int) -> tuple[bytes, int, int] | None:
@@ -196,13 +208,19 @@ def kill_session(sid: int, sig: int = signal.SIGKILL, rounds: int = 8) -> list[i
     from outside, so every process found in it was started under that child. Again
     while a pass finds processes it had not signalled (started by one before it was
     signalled), at most ``rounds`` passes. Never this process's own session (nor this
-    process). Linux only: [] elsewhere.
+    process). Linux only: [] elsewhere. A live process whose pid is ``sid`` took the
+    dead child's number once its session had emptied (a number is not reused while a
+    session has it): that session, if it leads one, is not the child's, and nothing
+    more is signalled.
     """
     if sid <= 1 or sid == os.getsid(0):
         return []
     me = os.getpid()
     done: set[tuple[int, int]] = set()
     for _ in range(rounds):
+        leader = _stat(sid)
+        if leader is not None and leader[0] not in (b"Z", b"X"):  # the number reused
+            break
         new = [m for m in session_members(sid) if m not in done and m[0] != me]
         if not new:
             break

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,12 @@ from actors.processes import (
 )
 from actors.providers import Block, BlockSpec, BlockState
 from runtime.kernel import Actor, ActorSystem, handles
-from runtime.lifeline import ORPHANED_EXIT_CODE, die_with_parent_preexec, kill_session
+from runtime.lifeline import (
+    ORPHANED_EXIT_CODE,
+    die_with_parent_preexec,
+    kill_session,
+    session_members,
+)
 from runtime.messages import WorkerGone
 from tests.helpers import LogLines, log_lines, wait_until
 
@@ -487,6 +493,67 @@ def test_kill_session_never_signals_this_process_s_session() -> None:
     child = subprocess.Popen(["true"], start_new_session=True)
     child.wait()
     assert kill_session(child.pid) == []  # an ended session, none of it left
+
+
+def test_kill_session_leaves_a_session_whose_number_a_live_process_has() -> None:
+    """Once a dead child's session has emptied, its number may go to a new process,
+    which may lead a session of its own (``setsid``): that session is not the child's,
+    and nothing of it is signalled (review 1206f). Here the leader of a live session
+    stands for that new process; before, it and its member were killed."""
+    script = "import subprocess, sys; subprocess.Popen(['sleep', '60']); sys.stdin.read()"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(session_members(leader.pid)) < 2:  # the leader and its `sleep`
+            assert time.monotonic() < deadline, "the session's `sleep` never started"
+            time.sleep(0.05)
+        members = session_members(leader.pid)
+        assert kill_session(leader.pid) == []
+        assert session_members(leader.pid) == members  # all still there
+    finally:
+        for pid, _ in session_members(leader.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        leader.wait(timeout=10)
+        assert leader.stdin is not None
+        leader.stdin.close()
+
+
+def test_a_task_process_of_a_session_leader_with_a_terminal_gets_a_session_of_its_own() -> None:
+    """A worker that leads a session with a terminal (a container's first process run
+    with one): its task process makes a session of its own, not a background group of
+    the terminal's session, where a program reading the terminal would be stopped
+    (SIGTTIN; review 1206f). A pty's child leads such a session and starts a child that
+    does what a task process does first."""
+    task = (
+        "import os; from runtime.lifeline import own_process_group; "
+        "own_process_group(os.getppid()); "
+        "print('own' if os.getsid(0) == os.getpid() else 'joined')"
+    )
+    leader = (
+        "import os, subprocess, sys; "
+        f"r = subprocess.run([sys.executable, '-c', {task!r}], capture_output=True, text=True); "
+        "print(os.getsid(0) == os.getpid(), r.stdout.strip() or r.stderr[-300:])"
+    )
+    pid, fd = pty.fork()
+    if pid == 0:  # (the child: exec at once)
+        os.execv(sys.executable, [sys.executable, "-c", leader])
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child is gone and the pty closed
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    assert out.decode().split() == ["True", "own"]
 
 
 async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
