@@ -12,7 +12,8 @@ check finds where each would be imported from without importing it
 naming the file or folder.
 
 The worker processes Corral starts (:func:`runtime.node.worker_argv`) run as
-``python -P -m runtime worker``: ``-P`` keeps the working directory off the front of
+``python -P -m runtime worker`` (not when Corral's own directory is the working one, a
+checkout run in place: there ``-P`` would import another copy of Corral): ``-P`` keeps the working directory off the front of
 ``sys.path``, so a user's ``policies/`` there cannot shadow Corral's, and the worker
 puts it back at the end (:func:`working_directory_last`), so a task's function from a
 module there (``mymod.py``, pickled by reference) still loads, in the worker and in its
