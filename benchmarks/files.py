@@ -315,9 +315,12 @@ async def run_workflow(
     )  # fmt: skip
 
 
-async def _after_release(c: Any, spill: Path, limit: float = 30.0) -> dict[Path, list[Path]]:
+async def _after_release(
+    c: Any, spill: Path, limit: float = 30.0, settle: float = 2.0
+) -> dict[Path, list[Path]]:
     """The files in each worker sandbox under ``spill`` once every worker reports no
-    output on its disk and the registry no file output (or after ``limit`` seconds)."""
+    output on its disk and the registry no file output (or after ``limit`` seconds),
+    and what a deletion under way removes has gone (within ``settle`` seconds)."""
 
     async def emptied() -> bool:
         st = await c.status()
@@ -326,12 +329,24 @@ async def _after_release(c: Any, spill: Path, limit: float = 30.0) -> dict[Path,
             m is not None and m["spilled_bytes"] == 0 for m in on_disk
         )
 
+    def listed() -> dict[Path, list[Path]]:
+        return {  # a sandbox's lock file (.owner) is no output
+            d: [f for f in d.rglob("*") if not f.is_dir() and f.name != ".owner"]
+            for d in _sandboxes(spill)
+        }
+
     with anyio.move_on_after(limit):
         await _until(emptied)
-    return {  # a sandbox's lock file (.owner) is no output
-        d: [f for f in d.rglob("*") if not f.is_dir() and f.name != ".owner"]
-        for d in _sandboxes(spill)
-    }
+    # A store deletes a spill file from a thread of its own and reports it gone at once:
+    # a file may still be there for a moment. A file left behind is there for good, so
+    # a grace of `settle` seconds for the listing to empty hides no leak. (A killed
+    # worker's sandbox keeps its files: the caller leaves those out.)
+    found = listed()
+    with anyio.move_on_after(settle):
+        while any(found.values()):
+            await anyio.sleep(0.05)
+            found = listed()
+    return found
 
 
 def _sandboxes(spill: Path) -> list[Path]:
