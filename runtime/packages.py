@@ -13,11 +13,12 @@ naming the file or folder.
 
 The worker processes Corral starts (:func:`runtime.node.worker_argv`) run as
 ``python -P -m runtime worker`` (not when Corral's own directory is the working one, a
-checkout run in place: there ``-P`` would import another copy of Corral): ``-P`` keeps the working directory off the front of
-``sys.path``, so a user's ``policies/`` there cannot shadow Corral's, and the worker
-puts it back at the end (:func:`working_directory_last`), so a task's function from a
-module there (``mymod.py``, pickled by reference) still loads, in the worker and in its
-task processes (``spawn`` gives them the worker's ``sys.path``).
+checkout run in place: there ``-P`` would import another copy of Corral): ``-P`` keeps
+the working directory off the front of ``sys.path``, so a user's ``policies/`` there
+cannot shadow Corral's, and the worker puts it back at the end
+(:func:`working_directory_last`), so a task's function from a module there
+(``mymod.py``, pickled by reference) still loads, in the worker and in its task
+processes (``spawn`` gives them the worker's ``sys.path``).
 
 Base layer: it imports nothing of Corral's but ``runtime.errors``.
 """
