@@ -1176,7 +1176,7 @@ _CHAINED = re.compile(
 
 _CTX = multiprocessing.get_context("spawn")
 #: What a task process removes from its environment before it runs a task: the worker's
-#: token (a pool starts its workers with the admin token there). Its tasks, and the
+#: token (a pool starts its workers with the worker token there). Its tasks, and the
 #: programs they start, do not see it in ``os.environ``. (A worker started by
 #: ``python -m runtime worker`` took it out of its own environment already:
 #: ``runtime.node.take_env_token``; this covers an executor in any other process.)

@@ -604,17 +604,17 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--token",
         default=None,
         help="the worker token (or the admin token; default: CORRAL_TOKEN, which the worker "
-        "takes out of its environment, else the manager's token file on this machine); ps "
-        "shows it to every user: prefer --token-file",
+        "takes out of its environment, else the worker entry of the manager's token file on "
+        "this machine); ps shows it to every user: prefer --token-file",
     )
     wrk.add_argument(
         "--token-file",
         default=None,
         metavar="PATH",
         help="read the worker token (or the admin token) from PATH (mode 0600: one token, or "
-        "the manager's own token file, its admin entry); wins over CORRAL_TOKEN; not with "
-        "--token; read again at each try to reach the manager (after its restart, the new "
-        "token)",
+        "the manager's own token file, its worker entry, or its admin entry if it has none); "
+        "wins over CORRAL_TOKEN; not with --token; read again at each try to reach the "
+        "manager (after its restart, the new token)",
     )
     wrk.add_argument(
         "--connect-retry",
@@ -1215,7 +1215,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
         check_one_token(args.token, args.token_file)
         if not args.connect_retry:  # (else: tried again until the manager wrote it)
-            read_token_file(args.token_file)
+            read_token_file(args.token_file, "worker")
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)

@@ -538,7 +538,7 @@ def render_summary(run: DemoRun, console: Console) -> None:
 NEXT_STEP = (
     "next: the demo on worker processes: python -m runtime --workers 4; across machines: "
     "python -m runtime manager --listen 0.0.0.0:8786, and on each machine python -m "
-    "runtime worker ws://HOST:8786 --token-file ~/.corral/worker.token (the admin token of "
+    "runtime worker ws://HOST:8786 --token-file ~/.corral/worker.token (the worker token of "
     "the manager's token file, in a file of mode 0600; tokens, hosts: docs/deployment.md)"
 )
 

@@ -1182,6 +1182,11 @@ KEPT_TOKEN_LEAST = 32
 #: the roles of a manager's tokens, in :class:`Tokens`' order (its token file's entries)
 TOKEN_ROLES = ("admin", "read", "submit", "worker")
 
+#: the entry a role takes from a manager's token file that has none of its own (written
+#: by a manager from before that role): a worker takes the ``worker`` entry, else the
+#: ``admin`` one (:func:`read_token_file`, :func:`find_token`)
+ROLE_FALLBACK = {"worker": "admin"}
+
 
 def _optional_entry(path: Path, role: str) -> str | None:
     """The ``role`` entry (``submit``, ``worker``) of a manager's token file (read and
@@ -1244,8 +1249,9 @@ def worker_token_refused(
     elif token_file is not None:
         source = (
             f"This worker presented the token of --token-file {os.fspath(token_file)} (its "
-            "'admin' entry, if it is a manager's token file): write the manager's current "
-            "worker token (or its admin token) in it and start the worker again"
+            "'worker' entry, or its 'admin' entry if it has none, if it is a manager's token "
+            "file): write the manager's current worker token (or its admin token) in it and "
+            "start the worker again"
         )
     elif from_env:
         source = (
@@ -1255,11 +1261,11 @@ def worker_token_refused(
         )
     else:
         source = (
-            f"This worker presented the admin token of {token_path(address)}, where a "
-            "manager listening at that address on this machine writes its tokens: one "
-            "running elsewhere (another machine, another CORRAL_HOME or --token-file) has "
-            "others; give its worker token (or its admin token) with --token-file PATH "
-            "(mode 0600)"
+            "This worker presented the worker token (or, without one, the admin token) of "
+            f"{token_path(address)}, where a manager listening at that address on this "
+            "machine writes its tokens: one running elsewhere (another machine, another "
+            "CORRAL_HOME or --token-file) has others; give its worker token (or its admin "
+            "token) with --token-file PATH (mode 0600)"
         )
     return AuthenticationFailed(
         address,
@@ -1336,7 +1342,8 @@ def find_token(
     path = local_token_file(address, token, token_file)
     if path is None:
         return None
-    return Tokens.read_file(path, give).of(role)
+    tokens = Tokens.read_file(path, give)  # a role it has none of: "" (ROLE_FALLBACK)
+    return tokens.of(role) or tokens.of(ROLE_FALLBACK.get(role, role))
 
 
 def local_token_file(
@@ -1403,7 +1410,8 @@ def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
     ``Cluster(address, token_file=...)``; ``~`` is expanded): its text less the
     whitespace around it, one word; or, from a manager's own token file
     (``Tokens.write``: JSON with ``admin`` and ``read`` entries, e.g. on a shared file
-    system), its ``role`` entry.
+    system), its ``role`` entry (without one, its :data:`ROLE_FALLBACK` entry: a
+    worker's ``worker`` entry, else its ``admin`` one).
 
     :class:`TokenFileError`, saying what to do, for a file that is missing, a
     directory, unreadable, open to other users (any permission for group or others:
@@ -1471,13 +1479,16 @@ def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
     if not text:
         raise refuse(f"is empty; {fix}")
     if text.startswith("{"):
+        fallback = ROLE_FALLBACK.get(role)
         try:
-            entry = json.loads(text).get(role)
+            entries = json.loads(text)
+            entry = entries.get(role, entries.get(fallback) if fallback else None)
         except (ValueError, AttributeError):
             entry = None
         if not isinstance(entry, str) or not entry.strip():
+            wanted = f"{role!r} entry" + (f" (or {fallback!r})" if fallback else "")
             raise refuse(
-                f"is not one token, nor a manager's token file with the {role!r} entry "
+                f"is not one token, nor a manager's token file with the {wanted} "
                 f"(JSON with 'admin' and 'read' entries); {fix}"
             )
         return entry.strip()
@@ -2183,7 +2194,8 @@ class Gateway:
         if old is not None and not old.closed:
             await old.aclose()
         assert hello.info is not None
-        _log.info("worker connected", worker=hello.name, generation=generation)
+        # its token's role: a worker joined with the admin token still (not the worker token)
+        _log.info("worker connected", worker=hello.name, generation=generation, role=role)
         link = self.links.get(hello.name)
         if link is None or link.stopped:
             link = self.links[hello.name] = Link(hello.name)
@@ -3103,15 +3115,17 @@ async def run_worker(
     backoff for ``reconnect`` seconds, then raised. With ``token_file`` (not with
     ``token``) the token is read from that file again at each try, so a worker whose
     file is the manager's own token file (a shared file system) joins the restarted
-    manager with its new token. It takes ``CORRAL_TOKEN`` out of this process's
-    environment as it starts, whichever token it presents (:func:`take_env_token`: its
-    tasks and the programs they start do not inherit it), so a program that runs a worker
-    in its own process loses that variable. ``connect_retry``: seconds the first join keeps trying
-    a manager that is not there yet (not listening, its token file not written, its
-    token not the one presented) before it raises the last error (0: one try), and
-    those a worker told that its manager stopped keeps trying to rejoin, with a
-    backoff of 0.05 s doubled up to 1 s, 5 s after the first 10 s of trying, and a log
-    line per failed try.
+    manager with its new token. From a manager's own token file (``token_file``, or
+    the one of ``address`` on this machine) it takes the ``worker`` entry, or the
+    ``admin`` entry of a file without one (:data:`ROLE_FALLBACK`). It takes
+    ``CORRAL_TOKEN`` out of this process's environment as it starts, whichever token it
+    presents (:func:`take_env_token`: its tasks and the programs they start do not
+    inherit it), so a program that runs a worker in its own process loses that variable.
+    ``connect_retry``: seconds the first join keeps trying a manager that is not there
+    yet (not listening, its token file not written, its token not the one presented)
+    before it raises the last error (0: one try), and those a worker told that its
+    manager stopped keeps trying to rejoin, with a backoff of 0.05 s doubled up to 1 s,
+    5 s after the first 10 s of trying, and a log line per failed try.
     """
     from runtime.codec import Frame
     from transport import ConnectionClosed, connect, listen
@@ -3129,7 +3143,7 @@ async def run_worker(
     fixed = token_file is None and token
     if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
         token = await find_token_there(
-            address, token, token_file=token_file, give=GIVE_TOKEN_WORKER
+            address, token, "worker", token_file=token_file, give=GIVE_TOKEN_WORKER
         )
     scheme = urlsplit(address).scheme
     stop = anyio.Event()
@@ -3221,7 +3235,7 @@ async def run_worker(
                 if fixed or scheme not in ("ws", "wss"):
                     return
                 new = await find_token_there(
-                    address, None, token_file=token_file, give=GIVE_TOKEN_WORKER
+                    address, None, "worker", token_file=token_file, give=GIVE_TOKEN_WORKER
                 )
                 if new and new != connect_options.get("token"):
                     connect_options["token"] = new

@@ -3,13 +3,14 @@ the token read from a file (a ``--token`` shows in ``ps`` to every user of a log
 docs/security.md#tokens-on-another-machine).
 
 The file is one token, whitespace around it stripped, or the manager's own token file
-(JSON): a worker and a client take its admin entry, a console too, or its read entry
-with ``--read-only``. It wins over ``CORRAL_TOKEN``, as ``--token`` does. A file that is
-missing, a directory, empty, open to group or others, not one token, or given with a
-token too is a :class:`TokenFileError` saying what to do (unit tests below); the real
-processes show the token taken from it: a manager, workers and consoles on
-127.0.0.1 whose ``CORRAL_HOME`` is elsewhere (no token file to find, as on another
-machine) and whose ``CORRAL_TOKEN`` is wrong."""
+(JSON): a worker takes its worker entry (its admin entry if it has none), a client its
+admin entry, a console too, or its read entry with ``--read-only``. It wins over
+``CORRAL_TOKEN``, as ``--token`` does. A file that is missing, a directory, empty, open
+to group or others, not one token, or given with a token too is a
+:class:`TokenFileError` saying what to do (unit tests below); the real processes show
+the token taken from it: a manager, workers and consoles on 127.0.0.1 whose
+``CORRAL_HOME`` is elsewhere (no token file to find, as on another machine) and whose
+``CORRAL_TOKEN`` is wrong."""
 
 from __future__ import annotations
 
@@ -237,7 +238,7 @@ async def test_workers_consoles_and_a_client_take_the_token_from_a_file(
 ) -> None:
     """A manager; everything else runs as on another machine (``CORRAL_HOME`` empty:
     no token file to find) with a wrong ``CORRAL_TOKEN``, which ``--token-file`` wins
-    over. A worker reads a file of one token, another the manager's own file (its admin
+    over. A worker reads a file of one token, another the manager's own file (its worker
     entry); a one-shot console sees both; a read-only console given the manager's file
     presents its read token and may not drain; a ``Cluster(address, token_file=...)``
     runs a task on them; a console with the manager's file drains a worker, which
@@ -537,12 +538,14 @@ async def test_a_worker_refused_at_its_start_says_why_and_what_to_do(tmp_path: P
             (["--token", WRONG], {}, "presented the token it was given (--token): start it "
              "again with the manager's current worker token (or its admin token)"),
             (["--token-file", str(stale)], {}, f"presented the token of --token-file {stale} "
-             "(its 'admin' entry, if it is a manager's token file): write the manager's "
-             "current worker token (or its admin token) in it and start the worker again"),
+             "(its 'worker' entry, or its 'admin' entry if it has none, if it is a manager's "
+             "token file): write the manager's current worker token (or its admin token) in "
+             "it and start the worker again"),
             ([], {"CORRAL_TOKEN": WRONG}, "presented CORRAL_TOKEN from the environment (it "
              "wins over the manager's token file on this machine): set it to the manager's "
              "current worker token (or its admin token), or unset it"),
-            ([], {}, f"presented the admin token of {local}, where a manager listening at "
+            ([], {}, "presented the worker token (or, without one, the admin token) of "
+             f"{local}, where a manager listening at "
              "that address on this machine writes its tokens"),
         ]  # fmt: skip
         base = dict(cli.env, CORRAL_HOME=str(elsewhere))
