@@ -65,6 +65,7 @@ from runtime.errors import (
     AddressInUse,
     AskTimeout,
     ClusterAlreadyStarted,
+    ClusterClosed,
     ConnectFailed,
     CorralError,
     DaskOnlyArgument,
@@ -1811,10 +1812,13 @@ class Cluster:
         Raises :class:`~runtime.errors.ClusterAlreadyStarted`, and starts nothing, while
         another start of it is under way (two tasks starting it at once would each start
         a set of actors and workers, and the first set would never be stopped) or once it
-        runs; a failed start lets it start again.
+        runs; a failed start lets it start again. Once closed, it raises
+        :class:`~runtime.errors.ClusterClosed` and starts nothing: make a new Cluster.
         """
         if self._starting or self._system is not None:
             raise ClusterAlreadyStarted("starting" if self._starting else "running")
+        if self._ended:
+            raise ClusterClosed()
         self._starting = True
         try:
             await self._start_system()

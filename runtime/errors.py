@@ -28,6 +28,7 @@ __all__ = [
     "BatchSystemError",
     "CancelledError",
     "ClusterAlreadyStarted",
+    "ClusterClosed",
     "ConnectFailed",
     "ConnectionClosed",
     "ConsoleError",
@@ -1855,6 +1856,21 @@ class ClusterAlreadyStarted(CorralError, RuntimeError):
         super().__init__(
             f"{what}. Nothing was started; for a second cluster, make a new Cluster(...)",
             state=state,
+        )
+
+
+class ClusterClosed(CorralError, RuntimeError):
+    """``Cluster.start()`` (or ``async with cluster``) on a cluster that was closed
+    (``close()``, or its ``async with`` block left): a closed cluster does not start
+    again (its futures' results went with it); nothing is started. Also a
+    ``RuntimeError``. A start that failed is not a close: that object may start again."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this cluster was closed (close() was called, or its `async with` block was "
+            "left) and does not start again: its futures' results went with it. Nothing "
+            "was started; make a new Cluster(...) (the same arguments give the same kind "
+            "of cluster) and submit the work to it"
         )
 
 

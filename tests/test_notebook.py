@@ -7,6 +7,7 @@ audit 3, 4, 5):
   logs a warning naming the one running and how to close it, and closes nothing;
 - a start while another start of the same object is under way (a task still starting
   it), or once it runs, is refused with ``ClusterAlreadyStarted`` and starts nothing;
+  once it was closed, with ``ClusterClosed``, saying to make a new Cluster;
 - the cluster's repr says where it runs, its workers, its tasks by state and its
   dashboard; ``dashboard_link`` opens the page the worker processes' gateway serves,
   and ``/metrics`` answers there to the read token;
@@ -26,7 +27,7 @@ import pytest
 
 import runtime
 from runtime import Cluster
-from runtime.errors import AddressInUse, ClusterAlreadyStarted, CorralError
+from runtime.errors import AddressInUse, ClusterAlreadyStarted, ClusterClosed, CorralError
 from tests.helpers import free_port_between
 
 LIMIT = 60.0
@@ -268,6 +269,34 @@ async def test_a_start_while_one_is_under_way_is_refused_and_starts_nothing(
             assert await cluster.submit(abs, -2) == 2
         finally:
             await cluster.close()
+    assert set(asyncio.all_tasks()) - before == set()
+
+
+@pytest.mark.anyio
+async def test_a_start_after_close_is_refused_and_starts_nothing() -> None:
+    """Before, ``start()`` (or ``async with``) on a closed cluster started it afresh,
+    silently, with none of its old futures' results. Now it raises ``ClusterClosed``,
+    saying to make a new Cluster, and starts nothing: no actor, not listed as running,
+    still shown closed, and its calls still say it was closed."""
+    before = set(asyncio.all_tasks())
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            assert await cluster.submit(abs, -1) == 1
+        for start in (cluster.start, cluster.__aenter__):
+            with pytest.raises(ClusterClosed) as refused:
+                await start()
+            assert isinstance(refused.value, RuntimeError)
+            assert str(refused.value) == (
+                "this cluster was closed (close() was called, or its `async with` block "
+                "was left) and does not start again: its futures' results went with it. "
+                "Nothing was started; make a new Cluster(...) (the same arguments give the "
+                "same kind of cluster) and submit the work to it"
+            )
+        assert Cluster.running() == []
+        assert repr(cluster) == "<Cluster closed>"
+        with pytest.raises(CorralError, match="it was closed"):
+            cluster.submit(abs, -2)
+        await cluster.close()  # closing it again is still nothing
     assert set(asyncio.all_tasks()) - before == set()
 
 
