@@ -7,8 +7,8 @@ it. No clock, no event loop: :class:`Evaluate` carries ``now`` (wall-clock secon
 the metrics as flat samples, ``{(name, ((label, value), ...)): value}``, exactly the
 names and labels ``GET /metrics`` shows (``runtime.metrics.samples`` makes them from a
 ``MetricsReply``). The shell (the alert monitor) evaluates on a timer, sends
-:class:`Notify` to the notifiers, :class:`Scale` to the autoscaler and logs
-:class:`Audit` lines; tests and benchmarks drive it with a virtual clock.
+:class:`Notify` and :class:`Refresh` to the notifiers, :class:`Scale` to the autoscaler
+and logs :class:`Audit` lines; tests and benchmarks drive it with a virtual clock.
 
 **Expressions** (docs/monitoring.md, "Alert rules")::
 
@@ -39,9 +39,11 @@ condition stops holding is dropped without a notification. A resolved alert stay
 visible for ``resolved_for`` seconds, then is forgotten; if its condition holds again
 meanwhile, the new alert is listed after it while pending (a pending span that ends
 leaves the resolved one listed), and replaces it once it fires. Each change is a
-:class:`Notify`. When the samples say the autoscaler did not answer
-(``corral_autoscaler_busy`` 1), a rule that reads a metric missing from them is not
-evaluated that time: its alerts keep their state.
+:class:`Notify`; after an evaluation, each firing alert whose value, fields or
+annotations moved since it was last given out is a :class:`Refresh` (its current
+snapshot: what a notifier sends again while it fires). When the samples say the
+autoscaler did not answer (``corral_autoscaler_busy`` 1), a rule that reads a metric
+missing from them is not evaluated that time: its alerts keep their state.
 
 An alert's value is the expression's at the latest evaluation where it held: a resolved
 alert keeps the last one, past its threshold (as Prometheus keeps a resolved alert's
@@ -92,6 +94,7 @@ __all__ = [
     "Expr",
     "Labels",
     "Notify",
+    "Refresh",
     "RuleAdded",
     "RuleRemoved",
     "Samples",
@@ -1154,6 +1157,17 @@ class Notify(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Refresh(Command):
+    """A firing alert's snapshot changed at an evaluation (its value, fields or
+    annotations) without a change of state: its current one, for the notifiers that send
+    firing alerts again (their resends and the stop-time end carry it). Not a
+    notification of its own. Once per evaluation per firing alert that changed since its
+    latest :class:`Notify` or :class:`Refresh`."""
+
+    alert: AlertInfo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Scale(Command):
     """Set ``pool``'s block target to ``target``: rule ``rule``'s action, for ``reason``
     (the values against the thresholds). More blocks than it has; or, for an action
@@ -1218,6 +1232,7 @@ class _Alert:
     resolved_at: float | None = None
     fields: dict[str, float] = dataclasses.field(default_factory=dict)
     refused: str = ""  #: the latest refusal audited (said once until it changes)
+    said: AlertInfo | None = None  #: its latest snapshot given out (Notify, Refresh)
 
 
 _TEMPLATE = re.compile(
@@ -1385,6 +1400,11 @@ class AlertState:
                 continue  # the autoscaler did not answer: its series are unknown, not gone
             matches = self._expr(rule.parsed, by_name, now)
             self._step(rule, matches, now, samples)
+        for a in (a for _, a in sorted(self._alerts.items()) if a.state == "firing"):
+            info = self._info(a)
+            if info != a.said:  # its numbers or texts moved: resends carry the new ones
+                a.said = info
+                self._out.append(Refresh(info))
         # After the rules: a scale-out just made took a due restore over.
         for pool, (before, set_to, rule_name, labels) in list(self._restore_due.items()):
             if self._restore_target(pool, before, set_to, rule_name, labels, now):
@@ -1497,7 +1517,8 @@ class AlertState:
         return True
 
     def _notify(self, a: _Alert) -> None:
-        self._out.append(Notify(self._info(a)))
+        a.said = self._info(a)
+        self._out.append(Notify(a.said))
 
     def _info(self, a: _Alert) -> AlertInfo:
         labels = {"alertname": a.rule, **dict(a.labels), **a.rule_labels}

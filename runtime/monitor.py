@@ -9,7 +9,8 @@ What lives here:
 - :class:`Monitor`: every ``interval`` seconds it takes a metrics snapshot (the
   manager's ``MetricsRequest``, bounded), flattens it (:func:`runtime.metrics.samples`),
   feeds ``Evaluate(now, samples)`` to the core and carries out its commands: ``Notify``
-  goes to every notifier (``runtime/notify.py``: they never block), ``Scale`` is a
+  goes to every notifier (``runtime/notify.py``: they never block), ``Refresh`` (a
+  firing alert's current numbers) to each that has ``refresh``, ``Scale`` is a
   ``ScaleRequest`` to the autoscaler, or a ``RestoreRequest`` for a ``restore`` (asked
   in the background, bounded; its answer goes back to the core), ``Audit`` is a
   WARNING log line ``alert action`` kept (the latest 100) for the console, and as data
@@ -48,6 +49,7 @@ from actors.alerts_state import (
     Audit,
     Evaluate,
     Notify,
+    Refresh,
     RuleAdded,
     RuleRemoved,
     Scale,
@@ -476,6 +478,8 @@ class Monitor(Actor):
         for cmd in self.state.handle(*events):
             if isinstance(cmd, Notify):
                 self._notify(cmd.alert)
+            elif isinstance(cmd, Refresh):
+                self._notify(cmd.alert, refresh=True)
             elif isinstance(cmd, Scale):
                 self.start_soon(self._scale, cmd)
             elif isinstance(cmd, Audit):
@@ -483,14 +487,19 @@ class Monitor(Actor):
             else:  # pragma: no cover - a command this shell does not know
                 raise TypeError(f"the monitor has no shell for {type(cmd).__name__}")
 
-    def _notify(self, alert: AlertInfo) -> None:
+    def _notify(self, alert: AlertInfo, *, refresh: bool = False) -> None:
+        """Hand ``alert`` to each notifier: a change of state (``notify``), or with
+        ``refresh`` a firing alert's current snapshot (``refresh``, to those that have it)."""
         if self.dashboard_url and not alert.annotations.get("dashboard", "").strip():
             alert = dataclasses.replace(
                 alert, annotations={**alert.annotations, "dashboard": self.dashboard_url}
             )
         for notifier in self.notifiers:
+            take = getattr(notifier, "refresh", None) if refresh else notifier.notify
+            if take is None:
+                continue
             try:
-                notifier.notify(alert)
+                take(alert)
             except Exception as exc:  # one broken notifier must not stop the others
                 self.log.error("notifier failed", notifier=type(notifier).__name__,
                                error=repr(exc))  # fmt: skip

@@ -4,7 +4,9 @@ What lives here:
 
 - :class:`Notifier`: what the monitor calls. ``notify(alert)`` takes one state change
   of an alert (pending, firing, resolved) and returns at once; a notifier that talks to
-  the network does so in its own background task (``run``), never in the caller's.
+  the network does so in its own background task (``run``), never in the caller's. One
+  that sends firing alerts again has ``refresh(alert)`` too: a firing alert's current
+  snapshot after an evaluation that changed its numbers or texts (no post of its own).
 - :class:`LogNotifier`: one structured log line per state change (``alert firing``,
   ``alert resolved``, ...), at WARNING for firing and resolved, INFO for pending.
 - :class:`AlertmanagerNotifier`: Alertmanager's v2 API (``POST URL/api/v2/alerts``).
@@ -17,7 +19,9 @@ What lives here:
   from a bounded
   queue (the oldest notifications are dropped, and counted, when it is full), with
   retries after exponential backoff with jitter, giving up on a batch after
-  ``max_tries`` and logging it. Each try sends the latest word on each alert of its
+  ``max_tries`` and logging it. A resend, and the stop's end, carry each firing
+  alert's latest snapshot (``refresh``: the value, fields and annotations of the latest
+  evaluation), not those it fired with. Each try sends the latest word on each alert of its
   batch (a resolve that came while the post failed replaces the firing word: an alert
   is never sent as firing once its resolve is known). Every alert carries the
   notifier's ``instance`` label (the manager's ``host:port``), so the alerts of two
@@ -71,7 +75,11 @@ _log = get_logger("corral", component="notify")
 class Notifier(Protocol):
     """Takes alerts' state changes. ``notify`` must return at once (it runs in the
     monitor's evaluation); ``run`` is the notifier's background task, started by the
-    monitor for as long as it lives (return at once when there is nothing to do)."""
+    monitor for as long as it lives (return at once when there is nothing to do).
+    Optional, called when present: ``refresh(alert)``, a firing alert's current
+    snapshot after an evaluation (must return at once, and post nothing of its own:
+    what a notifier sends again carries it), and ``close(within=...)`` at an orderly
+    stop."""
 
     def notify(self, alert: AlertInfo) -> None: ...
 
@@ -335,6 +343,18 @@ class AlertmanagerNotifier:
             return  # pending: Alertmanager hears of an alert once it fires
         self._owed.pop(key, None)  # a newer word on it
         self._put(alert)
+
+    def refresh(self, alert: AlertInfo) -> None:
+        """``alert`` still fires, with the numbers and texts of the latest evaluation:
+        its resends, a retry of its firing word and the stop's end carry them from now
+        on (a firing word queued is replaced in place). Nothing is queued: an alert this
+        notifier does not know as firing is left alone."""
+        key = _identity(alert)
+        if alert.state != "firing" or key not in self.firing:
+            return
+        self.firing[key] = alert
+        if key in self._firing_q:
+            self._firing_q[key] = alert
 
     def queued(self) -> list[AlertInfo]:
         """The notifications waiting to be sent, firing ones first, each oldest first."""

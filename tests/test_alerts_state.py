@@ -23,6 +23,7 @@ from actors.alerts_state import (
     Command,
     Evaluate,
     Notify,
+    Refresh,
     RuleAdded,
     RuleRemoved,
     Samples,
@@ -46,6 +47,7 @@ from actors.providers import BlockSpec
 from policies.scaling import PoolLimits
 from runtime.errors import AlertConfigError
 from runtime.messages import (
+    AlertInfo,
     BlockMetrics,
     CategoryMetrics,
     FailureCount,
@@ -133,10 +135,13 @@ def test_pending_then_firing_after_for_with_the_queue_fields() -> None:
         "queue_time_threshold": 1.0,
         "threshold_breached": 1.0,
     }
-    assert st.handle(Evaluate(4000.0, queue(2, 3720.0))) == []  # firing goes on, quietly
+    # firing goes on: no notification, its current numbers for the resends
+    (r,) = st.handle(Evaluate(4000.0, queue(2, 3720.0)))
     (info,) = st.alerts()
+    assert r == Refresh(info)
     assert info.fields["max_queue_time_mins"] == 62.0
     assert info.fields["max_queue_size"] == 7.0
+    assert st.handle(Evaluate(4005.0, queue(2, 3720.0))) == []  # nothing moved: quiet
     (n,) = only(st.handle(Evaluate(4010.0, queue(0, 0.0))), Notify)
     assert n.alert.state == "resolved" and n.alert.resolved_at == 4010.0
     assert n.alert.fields == {
@@ -146,6 +151,38 @@ def test_pending_then_firing_after_for_with_the_queue_fields() -> None:
         "queue_time_threshold": 1.0,
         "threshold_breached": 0.0,
     }
+
+
+def test_a_firing_alert_s_new_numbers_go_to_the_notifiers_without_a_notification() -> None:
+    """A user audit (sre, finding 1): every Alertmanager resend of a long incident, and
+    the end at the manager's stop, showed the value and ``max_queue_time_mins`` the
+    alert fired with, since the notifiers heard of an alert only when its state changed.
+    After each evaluation a firing alert whose value, fields or annotations moved is a
+    :class:`Refresh` with its current snapshot (not a notification); one that did not
+    move, and a pending one, say nothing; its resolve is a :class:`Notify` alone."""
+    st = AlertState([rule()])
+    labels = {"alertname": "QueueTime", "pool": "cpu", "team": "ci", "priority": "P2"}
+
+    def alert(state: Any, value: float, mins: float, size: float, **kw: Any) -> AlertInfo:
+        fields = {"queue_size_threshold": 0.0, "queue_time_threshold": 1.0,
+                  "threshold_breached": 1.0 if state != "resolved" else 0.0,
+                  "max_queue_time_mins": mins, "max_queue_size": size}  # fmt: skip
+        annotations = {"summary": f"pool cpu: {value:g} tasks wait",
+                       "dashboard": "http://manager:8786/"}  # fmt: skip
+        return AlertInfo("QueueTime", state, labels, annotations, value, 0.0, 60.0,
+                         fields=fields, **kw)  # fmt: skip
+
+    (n,) = st.handle(Evaluate(0.0, queue(3, 61.0)))
+    assert isinstance(n, Notify) and n.alert.state == "pending"
+    assert st.handle(Evaluate(30.0, queue(5, 91.0))) == []  # pending: it moved, unsaid
+    assert st.handle(Evaluate(60.0, queue(12, 121.0))) == [Notify(alert("firing", 12, 2, 12))]
+    assert st.handle(Evaluate(65.0, queue(12, 121.0))) == []  # nothing moved
+    assert st.handle(Evaluate(120.0, queue(4, 181.0))) == [Refresh(alert("firing", 4, 3, 12))]
+    assert st.handle(Evaluate(125.0, queue(4, 150.0))) == []  # under its max: no move
+    assert st.handle(Evaluate(180.0, queue(9, 3725.0))) == [Refresh(alert("firing", 9, 62.1, 12))]
+    resolved = alert("resolved", 9, 62.1, 12, resolved_at=190.0)
+    assert st.handle(Evaluate(190.0, queue(0, 0.0))) == [Notify(resolved)]
+    assert st.handle(Evaluate(200.0, queue(0, 0.0))) == []
 
 
 def test_minutes_round_to_a_tenth() -> None:
@@ -432,7 +469,8 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
         "threshold_breached": 1.0,
     }
     # the manager restarted: the counter starts over from 0; 8 -> 2 counts as 2 more
-    assert st.handle(Evaluate(180.0, failed({"cpu": 2, "gpu": 1}))) == []
+    (r,) = st.handle(Evaluate(180.0, failed({"cpu": 2, "gpu": 1})))
+    assert r == Refresh(st.alerts()[0])
     assert st.alerts()[0].value == 5.0
     # 10 minutes on, only growth after 180 + ... counts: none since 660 - 600 = 60
     st.handle(Evaluate(660.0, failed({"cpu": 2, "gpu": 1})))
@@ -648,7 +686,9 @@ def test_scale_by_n_with_cooldown_and_level_triggered_repeat() -> None:
         "alert QueueTime{pool=cpu}: no scale-out of pool cpu: cooldown, scaled 10 s ago, "
         "waits 300 s ("
     )
-    assert st.handle(Evaluate(20.0, queue(7, 3740.0, **b))) == []  # said once
+    cmds = st.handle(Evaluate(20.0, queue(7, 3740.0, **b)))
+    assert only(cmds, Audit) == []  # said once
+    assert cmds == [Refresh(st.alerts()[0])]  # its wait grew: 62.3 minutes
     # the cooldown is over and the queue still waits: the next step
     cmds = st.handle(Evaluate(300.0, queue(6, 4000.0, **b)))
     assert [(s.pool, s.target) for s in only(cmds, Scale)] == [("cpu", 6)]
@@ -956,7 +996,8 @@ def test_replacing_a_rule_keeps_its_alerts_under_the_new_rule() -> None:
     assert st.rules["QueueTime"].for_ == 60.0
     (a,) = st.alerts()
     assert (a.state, a.fired_at, a.annotations) == ("firing", 0.0, {"summary": "7 wait"})
-    assert st.handle(Evaluate(6.0, queue(7, 100.0))) == []
+    # no notification; the new annotations go to the notifiers for the resends
+    assert st.handle(Evaluate(6.0, queue(7, 100.0))) == [Refresh(a)]
     cmds = st.handle(RuleAdded(rule(expr="corral_queue_depth > 10"), replace=True, now=7.0))
     assert cmds == []
     assert [n[:2] for n in notes(st.handle(Evaluate(8.0, queue(7, 100.0))))] == [

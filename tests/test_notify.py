@@ -6,7 +6,9 @@ Alertmanager on 127.0.0.1 that answers 503 until told to take alerts:
 - the ``corral_notifications_*`` series of ``/metrics`` move with failures, deliveries
   and drops, and the first failure of an outage is a WARNING;
 - two managers' alerts differ by their ``instance`` label, so one's resolve does not
-  clear the other's alert (a real Alertmanager, as in tests/test_alertmanager.py).
+  clear the other's alert (a real Alertmanager, as in tests/test_alertmanager.py);
+- a firing alert's resends and its end at the manager's stop carry the numbers of the
+  latest evaluation, not those it fired with.
 
 Every wait is on an event or a condition, bounded by ``fail_after``."""
 
@@ -28,10 +30,13 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.messages import AlertInfo, MetricsReply
-from runtime.metrics import NotifierCollector, render
+from actors.alerts_state import Evaluate
+from runtime.log import get_logger
+from runtime.messages import AlertInfo, MetricsReply, PoolMetrics
+from runtime.metrics import NotifierCollector, render, samples
+from runtime.monitor import AlertingConfig, Monitor
 from runtime.notify import AlertmanagerNotifier, alertmanager_payload, rfc3339
-from tests.helpers import Cli, http_get, start_alertmanager, wait_until
+from tests.helpers import Cli, free_port_between, http_get, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -41,9 +46,9 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 @contextlib.asynccontextmanager
-async def stub_alertmanager(handle: Handler) -> AsyncIterator[str]:
-    """An HTTP server on 127.0.0.1 whose ``POST /api/v2/alerts`` is ``handle``: its
-    base URL, while the block runs."""
+async def stub_alertmanager(handle: Handler, port: int = 0) -> AsyncIterator[str]:
+    """An HTTP server on 127.0.0.1 (on ``port``; 0: any) whose ``POST /api/v2/alerts``
+    is ``handle``: its base URL, while the block runs."""
 
     async def route(request: web.Request) -> web.Response:
         return await handle(request)
@@ -52,7 +57,7 @@ async def stub_alertmanager(handle: Handler) -> AsyncIterator[str]:
     app.router.add_post("/api/v2/alerts", route)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
@@ -193,6 +198,104 @@ async def test_a_word_that_comes_during_retries_replaces_the_one_in_flight() -> 
         }
         assert delivered == {"A": rfc3339(4.0), "B": rfc3339(2.0), "C": rfc3339(3.0)}
         assert not notifier._owed  # A's resolve, put off, was sent in the try
+
+
+# ----------------------------------------------------------------------------- resends
+
+
+async def _no_metrics() -> MetricsReply:
+    raise AssertionError("this monitor is driven by hand")
+
+
+async def test_resends_and_the_stop_carry_the_latest_evaluation_s_numbers() -> None:
+    """A user audit (sre, finding 1): an alert firing for minutes was resent, and ended
+    at the manager's stop, with ``value 12, max_queue_time_mins 0.4``, the numbers it
+    fired with, while the queue had reached 136 s. The monitor (driven by hand) hands
+    the notifier each evaluation's snapshot of a firing alert (``refresh``: no post of
+    its own); the next resend and the stop's end carry it, as a receiver on
+    127.0.0.1 sees."""
+    stub = Outage()
+    stub.up.set()
+    rule = {
+        "name": "ScarceQueue",
+        "expr": 'corral_queue_depth{pool="gpu"} > 0 and '
+        'corral_queue_oldest_wait_seconds{pool="gpu"} > 15',
+        "labels": {"team": "ml"},
+        "annotations": {"description": "{{ $value }} ready tasks of pool {{ $labels.pool }}"},
+    }
+    config = AlertingConfig(rules=(rule,), default_rules=False, dashboard_url="http://dash/")
+
+    def gpu(depth: int, wait: float) -> Any:
+        reply = MetricsReply(pools={"gpu": PoolMetrics(queue_depth=depth, oldest_wait=wait)})
+        return samples(reply)
+
+    def said(body: list[dict[str, Any]]) -> dict[str, str]:
+        (alert,) = body
+        notes = alert["annotations"]
+        keys = ("value", "max_queue_size", "max_queue_time_mins", "description", "dashboard")
+        return {k: notes[k] for k in keys if k in notes} | {
+            k: notes[k] for k in ("ended_by", "threshold_breached") if k in notes
+        }
+
+    port = free_port_between(48500, 48999)
+    async with stub_alertmanager(stub, port) as url:
+        notifier = AlertmanagerNotifier(url, resend=0.2)
+        monitor = Monitor(_no_metrics, lambda: None, config, notifiers=[notifier])
+        monitor._log = get_logger("corral", actor="monitor")
+        now = time.time()
+        with anyio.fail_after(LIMIT):
+            async with anyio.create_task_group() as tg:
+                await tg.start(notifier.run)
+                posted = stub.next_post()
+                monitor._run(Evaluate(now - 120, gpu(12, 24.0)))  # fires at once
+                await posted.wait()
+                assert said(stub.posts[-1][1]) == {
+                    "value": "12", "max_queue_size": "12", "max_queue_time_mins": "0.4",
+                    "description": "12 ready tasks of pool gpu", "dashboard": "http://dash/",
+                    "threshold_breached": "1",
+                }  # fmt: skip
+                monitor._run(Evaluate(now - 60, gpu(4, 136.26)))
+                assert notifier.queued() == []  # no post of its own
+                # the next post may have been in flight already; the one after is a
+                # resend made after the evaluation
+                await stub.next_post().wait()
+                await stub.next_post().wait()
+                assert said(stub.posts[-1][1]) == {
+                    "value": "4", "max_queue_size": "12", "max_queue_time_mins": "2.3",
+                    "description": "4 ready tasks of pool gpu", "dashboard": "http://dash/",
+                    "threshold_breached": "1",
+                }  # fmt: skip
+                monitor._run(Evaluate(now, gpu(5, 200.0)))
+                tg.cancel_scope.cancel()
+        await notifier.close(within=2.0)
+        (end,) = stub.posts[-1][1]
+        assert said([end]) == {
+            "value": "5", "max_queue_size": "12", "max_queue_time_mins": "3.3",
+            "description": "5 ready tasks of pool gpu", "dashboard": "http://dash/",
+            "threshold_breached": "1", "ended_by": "manager stopped",
+        }  # fmt: skip
+        assert end["endsAt"] <= rfc3339(time.time())  # ended now: not ahead
+        assert all(status == 200 for status, _ in stub.posts)
+
+
+def test_a_refresh_replaces_the_firing_word_and_queues_nothing() -> None:
+    """``refresh`` replaces a firing alert's stored snapshot, and its word still queued
+    (in place); an alert the notifier does not know as firing (never heard of, or
+    resolved) is left alone: nothing queued, nothing stored."""
+    notifier = AlertmanagerNotifier("http://127.0.0.1:9")
+    a = AlertInfo("A", "firing", labels={"alertname": "A"}, fired_at=1.0, value=1.0)
+    b = AlertInfo("B", "firing", labels={"alertname": "B"}, fired_at=1.0)
+    notifier.notify(a)
+    notifier.notify(b)
+    newer = dataclasses.replace(a, value=2.0)
+    notifier.refresh(newer)
+    assert notifier.queued() == [newer, b]  # A's word replaced where it was
+    assert list(notifier.firing.values()) == [newer, b]
+    notifier.refresh(AlertInfo("C", "firing", labels={"alertname": "C"}, fired_at=1.0))
+    notifier.notify(dataclasses.replace(b, state="resolved", resolved_at=2.0))
+    notifier.refresh(b)  # a late refresh of a resolved alert
+    assert [(x.name, x.state) for x in notifier.queued()] == [("A", "firing"), ("B", "resolved")]
+    assert list(notifier.firing.values()) == [newer]
 
 
 # ----------------------------------------------------------------------------- the metrics
