@@ -53,7 +53,8 @@ Each alert carries ``fields``: per comparison the largest value seen while the a
 was active and its threshold, and ``threshold_breached`` (1 while pending or firing, 0
 once resolved); for the queue metrics they have the names of the users' own alert
 (``max_queue_size``, ``max_queue_time_mins``, ``queue_size_threshold``,
-``queue_time_threshold``).
+``queue_time_threshold``; the times in minutes, to a tenth from a minute on and to two
+significant digits below it).
 
 **Remediation**: a rule may carry a :class:`ScaleOut` action. While its alert fires and
 its condition holds, the core asks for more blocks of the pool (:class:`Scale`: by N, or
@@ -1255,6 +1256,13 @@ def _number(v: float) -> str:
     return f"{v:g}" if v != int(v) or abs(v) >= 1e15 else str(int(v))
 
 
+def _minutes(value: float) -> float:
+    """A time in minutes as an alert's fields carry it: to a tenth from a minute on
+    (``62.1``), two significant digits below it (2 s: ``0.033``, 15 s: ``0.25``), so a
+    threshold of seconds does not read as 0."""
+    return float(f"{value:.2g}") if abs(value) < 1 else round(value, 1)
+
+
 def _duration(seconds: float) -> str:
     """A duration as an audit line says it: whole seconds, one decimal under 10 s
     (``31``, ``2``, ``2.5``), not a clock's digits (``2.00211``)."""
@@ -1557,13 +1565,13 @@ class AlertState:
         for i, c in terms.items():
             _, thr, scale, rounded = names[i]
             value = c.threshold * scale
-            a.fields[thr] = round(value, 1) if rounded else value
+            a.fields[thr] = _minutes(value) if rounded else value
         a.fields["threshold_breached"] = 1.0
 
     @staticmethod
     def _field_max(a: _Alert, names: tuple[str, str, float, bool], v: float) -> None:
         top, _, scale, rounded = names
-        value = round(v * scale, 1) if rounded else v * scale
+        value = _minutes(v * scale) if rounded else v * scale
         if top not in a.fields or value > a.fields[top]:
             a.fields[top] = value
 

@@ -191,6 +191,37 @@ def test_minutes_round_to_a_tenth() -> None:
     assert st.alerts()[0].fields["max_queue_time_mins"] == 62.1
 
 
+@pytest.mark.parametrize(
+    ("threshold", "wait", "texts"),
+    [
+        (2, 2.5, ("0.033", "0.042")),  # was 0 and 0: "no threshold"
+        (15, 24.0, ("0.25", "0.4")),  # was 0.2 (12 s) and 0.4
+        (20, 57.6, ("0.33", "0.96")),  # was 0.3 (18 s) and 1
+        (60, 3725.0, ("1", "62.1")),  # a minute and more: to a tenth, as before
+        (90, 121.0, ("1.5", "2")),
+    ],
+)
+def test_queue_times_under_a_minute_keep_two_significant_digits(
+    threshold: int, wait: float, texts: tuple[str, str]
+) -> None:
+    """A user audit (sre, finding 4): queue-time fields were rounded to a tenth of a
+    minute, so a ``> 2`` s rule said ``queue_time_threshold=0`` and ``> 15`` s said
+    0.2. Below a minute they keep two significant digits; from a minute on, a tenth.
+    The texts are what Alertmanager's annotations and the console's line show."""
+    from runtime.console import alert_line, jsonable
+    from runtime.notify import field_text
+
+    expr = f"corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > {threshold}"
+    st = AlertState([rule(expr=expr, **{"for": 0})])
+    (n,) = only(st.handle(Evaluate(0.0, queue(1, wait))), Notify)
+    fields = n.alert.fields
+    got = (field_text(fields["queue_time_threshold"]), field_text(fields["max_queue_time_mins"]))
+    assert got == texts
+    line = alert_line(jsonable(n.alert))
+    assert f"max_queue_time_mins={texts[1]} " in line
+    assert f"queue_time_threshold={texts[0]} " in line
+
+
 def test_pending_that_clears_is_dropped_without_notification() -> None:
     st = AlertState([rule()])
     assert notes(st.handle(Evaluate(0.0, queue(3, 61.0))))[0][1] == "pending"
