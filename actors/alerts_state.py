@@ -942,8 +942,9 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "labels": {"team": "corral", "priority": "P2"},
         "annotations": {
             "summary": "Tasks of pool {{ $labels.pool }} wait for a worker",
+            # true while pending too: it does not say the minute of `for` has passed
             "description": "{{ $value }} ready tasks of pool {{ $labels.pool }}; the oldest "
-            "has waited over a minute, for more than a minute now.",
+            "has waited over a minute (the alert fires once that has held for a minute).",
         },
     },
     {

@@ -191,6 +191,20 @@ def test_minutes_round_to_a_tenth() -> None:
     assert st.alerts()[0].fields["max_queue_time_mins"] == 62.1
 
 
+def test_the_default_queue_rule_s_description_is_true_while_pending() -> None:
+    """A user audit (sre, finding 6): while ``CorralQueueTime`` was pending its
+    description said "... for more than a minute now", a minute before it fired. The
+    text says what holds, and when the alert fires, the same in both states."""
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralQueueTime"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    said = "9 ready tasks of pool gpu; the oldest has waited over a minute (the alert fires "
+    said += "once that has held for a minute)."
+    (n,) = only(st.handle(Evaluate(0.0, queue(9, 61.0, pool="gpu"))), Notify)
+    assert (n.alert.state, n.alert.annotations["description"]) == ("pending", said)
+    (n,) = only(st.handle(Evaluate(60.0, queue(9, 121.0, pool="gpu"))), Notify)
+    assert (n.alert.state, n.alert.annotations["description"]) == ("firing", said)
+
+
 @pytest.mark.parametrize(
     ("threshold", "wait", "texts"),
     [
