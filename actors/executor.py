@@ -109,11 +109,13 @@ from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent, own_process_group
 from runtime.log import get_logger
+from runtime.messages import RunOutcome
 from runtime.remote import (
     DEFAULT_MAX_TASK_ERROR_BYTES,
     bound_error,
     exception_chain,
     pack_error,
+    run_failure,
     task_error_limit,
 )
 from runtime.task import TaskContext, running
@@ -467,10 +469,45 @@ def _run_node(node: Any, inputs: Any) -> Any:
     """Run a task's node on its inputs; an ``async def`` task's coroutine is run to its
     end here, in the task's own thread or process, on an event loop of its own (as
     dask's workers await one)."""
-    value = node(inputs)
+    return _awaited(node(inputs))
+
+
+def _awaited(value: Any) -> Any:
+    """``value``, or, a coroutine, what it returns, run to its end here on an event
+    loop of its own (the calling thread's: a task's, or ``Cluster.run``'s)."""
     if inspect.iscoroutine(value):
         value = asyncio.run(value)
     return value
+
+
+def run_call(call: Any, name: str, worker: str) -> RunOutcome:
+    """``Cluster.run``'s call on ``worker``, in the calling thread (one of the worker
+    process's, never its event loop; not a task slot): ``call`` (``(func, args,
+    kwargs)``, or the client's pickle of it) called, an ``async def`` function's
+    coroutine awaited as a task's is (:func:`_awaited`). A pickled call answers pickles:
+    the value, or whatever it raised (opening it, in it, pickling its value; a
+    ``SystemExit`` too) packed as a task's error is (:func:`runtime.remote.run_failure`);
+    a call given as objects (an in-process worker's) answers the value or the exception
+    itself. Nothing escapes into the worker."""
+    wire = isinstance(call, bytes)
+    try:
+        func, args, kwargs = unpickling.loads(call) if wire else call
+        value = _awaited(func(*args, **kwargs))
+    except BaseException as exc:
+        if not wire:
+            return RunOutcome(worker, False, exc, type(exc).__name__, pickled=False)
+        return run_failure(exc, name, worker)
+    if not wire:
+        return RunOutcome(worker, True, value, pickled=False)
+    try:
+        return RunOutcome(worker, True, pickling.cloudpickle_dumps(value))
+    except BaseException as exc:
+        exc.add_note(
+            f"{name}() returned a {type(value).__name__}, which cannot be pickled to travel "
+            f"back from worker {worker!r}: return what pickles (text, numbers, lists and "
+            "dicts of them)"
+        )
+        return run_failure(exc, name, worker)
 
 
 # ----------------------------------------------------------------------------- disk full

@@ -37,6 +37,7 @@ from runtime.errors import (
     CorralError,
     FrameTooLarge,
     GraphError,
+    RunNoAnswer,
     did_you_mean,
 )
 from runtime.graph import (
@@ -78,6 +79,10 @@ from runtime.messages import (
     ReadStream,
     ReleaseKeysRequest,
     ResumeRequest,
+    RunCall,
+    RunOutcome,
+    RunRequest,
+    RunTargets,
     ScaleRequest,
     SetPolicyRequest,
     SettingsAt,
@@ -94,6 +99,7 @@ from runtime.messages import (
     get_data_batches,
     message,
 )
+from runtime.remote import check_run_timeout, pickled_call, run_failure
 
 if TYPE_CHECKING:
     from actors.autoscaler import Autoscaler
@@ -926,6 +932,59 @@ class Manager(Actor):
     def wait_for_workers(self, msg: WaitForWorkersRequest) -> Later:
         return Later(self._scheduler().ask(msg, timeout=None))
 
+    @handles(RunRequest)
+    def run(self, msg: RunRequest) -> Later:
+        """``Cluster.run``: the call on each worker the scheduler's core chooses, all at
+        once, answered within ``msg.timeout`` whatever the workers do. Answered later,
+        as a gather is: the manager goes on with other messages meanwhile. The values
+        and errors are the workers' pickles, relayed unopened."""
+        check_run_timeout(msg.timeout)  # (a client of another process says any number)
+        self.log.info("running a function on workers", func=msg.name,
+                      workers=len(msg.workers) if msg.workers is not None else "all")  # fmt: skip
+        return Later(self._run(msg))
+
+    async def _run(self, msg: RunRequest) -> tuple[RunOutcome, ...]:
+        targets = await self._scheduler().ask(RunTargets(msg.workers))
+        # In-process workers get the call as it came; worker processes its pickle (the
+        # remote client's, or made here, in a thread, from an embedded client's objects),
+        # which they open in the thread that calls it.
+        wire: Any = msg.call
+        remote = any(ref is not None and not isinstance(ref, ActorRef) for _, ref in targets)
+        if remote and not isinstance(wire, bytes):
+            try:
+                wire = await anyio.to_thread.run_sync(pickled_call, msg.call, msg.name)
+            except TypeError as exc:
+                wire = exc
+        outcomes: dict[str, RunOutcome] = {}
+
+        async def one(wid: str, ref: Any) -> None:
+            call = msg.call if isinstance(ref, ActorRef) else wire
+            if isinstance(call, BaseException):  # it does not pickle: no worker process gets it
+                outcomes[wid] = run_failure(call, msg.name, wid)
+                return
+            outcomes[wid] = await self._run_on(wid, ref, dataclasses.replace(msg, call=call))
+
+        with anyio.move_on_after(msg.timeout):
+            async with anyio.create_task_group() as tg:
+                for wid, ref in targets:
+                    tg.start_soon(one, wid, ref)
+        # a worker whose answer did not come in time: RunNoAnswer in its place
+        return tuple(outcomes.get(wid) or _no_answer(wid, msg, left=False) for wid, _ in targets)
+
+    async def _run_on(self, wid: str, ref: Any, msg: RunRequest) -> RunOutcome:
+        """Worker ``wid``'s outcome of the call: its answer, or the error its ask came to
+        (it left, its connection dropped: :class:`~runtime.errors.RunNoAnswer`)."""
+        if ref is None:
+            return _no_answer(wid, msg, left=True)
+        try:
+            outcome: RunOutcome = await ref.ask(RunCall(msg.call, msg.name), timeout=None)
+        except ActorStopped:
+            self.log.warning("a worker left before it answered a run", worker=wid, func=msg.name)
+            return _no_answer(wid, msg, left=True)
+        except Exception as exc:  # its answer could not come (too large for a frame, ...)
+            return run_failure(exc, msg.name, wid)
+        return outcome
+
     @handles(ScaleRequest, ResumeRequest)
     async def scale(self, msg: ScaleRequest | ResumeRequest) -> Any:
         autoscaler = self._autoscaler()
@@ -986,6 +1045,11 @@ class Manager(Actor):
             except (ActorStopped, AskTimeout):
                 busy = True
         return StatusReply(**sched, files=files, autoscaler=auto, autoscaler_busy=busy, **mine)
+
+
+def _no_answer(wid: str, msg: RunRequest, *, left: bool) -> RunOutcome:
+    """Worker ``wid``'s outcome of ``msg`` when no answer came: it ``left``, or not in time."""
+    return run_failure(RunNoAnswer(wid, msg.name, msg.timeout, left=left), msg.name, wid)
 
 
 def process_figures() -> dict[str, int]:

@@ -141,6 +141,7 @@ from runtime.messages import (
     RegisterWorker,
     ReleaseKeysRequest,
     ReplicasStatus,
+    RunTargets,
     RunTasks,
     SetPolicyRequest,
     StatusRequest,
@@ -1249,6 +1250,12 @@ class Scheduler(Actor):
             return len(self.workers)
 
         return Later(ready())
+
+    @handles(RunTargets)
+    def run_targets(self, msg: RunTargets) -> tuple[tuple[str, Any], ...]:
+        """The workers a ``Cluster.run`` call goes to, as the core chooses them, with
+        their references (None for one whose reference is gone already)."""
+        return tuple((wid, self.workers.get(wid)) for wid in self.state.run_targets(msg.workers))
 
     @handles(StoryRequest)
     def story(self, msg: StoryRequest) -> list[tuple[Any, ...]]:

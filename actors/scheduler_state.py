@@ -306,6 +306,7 @@ from runtime.errors import (
     TaskNotLoadable,
     TaskOutOfMemory,
     TaskTooLarge,
+    UnknownWorkers,
     WorkerLost,
     did_you_mean,
     error_name,
@@ -919,6 +920,19 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         count), in their order."""
         joined = {ws.pool for ws in self.workers.values()}
         return [pool for pool in pools if pool not in joined]
+
+    def run_targets(self, wanted: Iterable[str] | None) -> tuple[str, ...]:
+        """The workers a ``Cluster.run`` call goes to, sorted: ``wanted`` (None: every
+        worker registered now, away, draining and leaving ones too, which still run
+        code and may answer within the call); :class:`UnknownWorkers` if it names one
+        this core does not know (nothing is run then)."""
+        if wanted is None:
+            return tuple(sorted(self.workers))
+        wanted = tuple(dict.fromkeys(wanted))
+        unknown = [w for w in wanted if w not in self.workers]
+        if unknown:
+            raise UnknownWorkers(unknown, self.workers)
+        return tuple(sorted(wanted))
 
     def short_workers(self, asks: Iterable[tuple[str, float]]) -> str:
         """ "": a worker connected now that takes new tasks (not draining) has at least

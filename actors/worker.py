@@ -63,7 +63,7 @@ from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
-from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss
+from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, run_call
 from actors.host import host_cpus
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable, load_opened
@@ -101,6 +101,7 @@ from runtime.messages import (
     Message,
     ReadStream,
     RegisterWorker,
+    RunCall,
     RunTasks,
     StatusRequest,
     Stop,
@@ -288,6 +289,12 @@ MEASURE_WAIT = 0.2
 MEASURE_POLL = (0.05, 2.0)
 
 
+#: ``Cluster.run``'s calls a worker runs at once (threads of their own): a call that
+#: never returns keeps its thread, and the ones past this many wait, so hung calls
+#: cannot take the threads of the worker's own work.
+RUN_THREADS = 4
+
+
 class Worker(Actor):
     """Runs tasks, stores outputs, serves them to peers, reports to the scheduler.
 
@@ -322,6 +329,8 @@ class Worker(Actor):
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
         self.worker_id = worker_id
+        #: the threads of Cluster.run's calls (made at the first call, in the loop)
+        self._run_threads: anyio.CapacityLimiter | None = None
         #: times the scheduler asked what it holds: once per (re)join
         self.joins = 0
         self.scheduler = scheduler
@@ -1588,6 +1597,25 @@ class Worker(Actor):
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:
         self._feed(ws.DropRequested(time.time(), msg.keys))
+
+    @handles(RunCall)
+    def run_call(self, msg: RunCall) -> Later:
+        """``Cluster.run``: the call in a thread of this process (off the event loop,
+        beside the tasks: it takes no slot, and in process execution it runs here, not
+        in a task process), answered when it returns. At most :data:`RUN_THREADS` at
+        once, apart from the threads the worker's own work takes (spills, reads): a
+        call that never returns keeps one, and past that many a call waits (its client
+        hears :class:`~runtime.errors.RunNoAnswer` at its timeout). A worker that stops
+        meanwhile does not wait for it: the thread is let go, the asker hears nothing."""
+        self.log.info("running a function for Cluster.run", func=msg.name)
+        if self._run_threads is None:
+            self._run_threads = anyio.CapacityLimiter(RUN_THREADS)
+        return Later(
+            anyio.to_thread.run_sync(
+                run_call, msg.call, msg.name, self.worker_id,
+                abandon_on_cancel=True, limiter=self._run_threads,
+            )
+        )  # fmt: skip
 
     @handles(GetData)
     def get_data(self, msg: GetData) -> DataReply:

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, NoReturn
 
 import anyio
@@ -76,6 +76,8 @@ from runtime.errors import (
     ManagerLost,
     ManagerStopping,
     PermissionDenied,
+    RemoteError,
+    RunNoAnswer,
     TaskArgumentsTooLarge,
     TaskExited,
     UnknownPolicyError,
@@ -114,6 +116,8 @@ from runtime.messages import (
     PolicyInfo,
     PolicyQuery,
     ReleaseKeysRequest,
+    RunOutcome,
+    RunRequest,
     ScaleRequest,
     SetPolicyRequest,
     StatusReply,
@@ -132,10 +136,19 @@ from runtime.messages import (
 # needs is imported in a thread (_START_MODULES).
 from runtime.monitor import alerting_config
 from runtime.node import DEAD_AFTER, check_one_token, check_worker_timeout
+from runtime.remote import check_run_timeout, pickled_call
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
 
 _log = get_logger("corral.client")
+
+#: Seconds :meth:`Cluster.run` gives each worker to answer, unless told otherwise.
+RUN_TIMEOUT = 30.0
+#: Seconds the client waits for the manager's answer to a run past its ``timeout``
+#: (the manager answers within it: this bounds a manager that does not).
+RUN_SLACK = 30.0
+#: ``Cluster.run``'s ``on_error`` values, dask's.
+RUN_ON_ERROR = ("raise", "return", "ignore")
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip  # noqa: E501
@@ -2899,21 +2912,35 @@ class Cluster:
 
     def _get(self, dsk: Any, keys: Any, **options: Any) -> Any:
         """:attr:`get`'s call."""
+        return self._from_thread(
+            lambda: self.compute(dsk, keys, **options),
+            "cluster.get waits for the computation",
+            "`await cluster.compute(x)`; or call dask.compute(x, scheduler=cluster.get) in "
+            "a thread, `await anyio.to_thread.run_sync(functools.partial(dask.compute, x, "
+            "scheduler=cluster.get))`",
+        )
+
+    def _from_thread(self, work: Callable[[], Awaitable[Any]], waits: str, there: str) -> Any:
+        """Wait in this thread for ``work()`` run on the cluster's event loop (the
+        synchronous calls for code in another thread: :attr:`get`, :meth:`run_sync`);
+        an interrupt of the wait cancels it. ``CorralError`` in the loop's own thread,
+        which the wait would block: ``waits``, say what; ``there``, what to use there."""
         self._require()
         loop = self._loop
         assert loop is not None  # set by start, as _system is
         if _in_running_loop() and asyncio.get_running_loop() is loop:
             raise CorralError(
-                "cluster.get waits for the computation, and called in the cluster's own "
-                "event loop it would block the loop that runs it. There, use "
-                "`await cluster.compute(x)`; or call dask.compute(x, "
-                "scheduler=cluster.get) in a thread, `await anyio.to_thread.run_sync("
-                "functools.partial(dask.compute, x, scheduler=cluster.get))`"
+                f"{waits}, and called in the cluster's own event loop it would block the "
+                f"loop that runs it. There, use {there}"
             )
-        done = asyncio.run_coroutine_threadsafe(self.compute(dsk, keys, **options), loop)
+
+        async def main() -> Any:
+            return await work()
+
+        done = asyncio.run_coroutine_threadsafe(main(), loop)
         try:
             return done.result()
-        except BaseException:  # an interrupt of the wait: end the computation too
+        except BaseException:  # an interrupt of the wait: end the work too
             done.cancel()
             raise
 
@@ -3188,6 +3215,48 @@ class Cluster:
                 joined = len((await self.status())["workers"])
             raise WorkersTimeout(n, joined, timeout) from None
 
+    async def run(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        workers: Iterable[str] | None = None,
+        timeout: float = RUN_TIMEOUT,  # noqa: ASYNC109 - bounds each worker's answer
+        on_error: str = "raise",
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Call ``func(*args, **kwargs)`` once on every worker (or on ``workers``, ids),
+        outside the task graph, as dask.distributed's ``Client.run``; return
+        ``{worker id: what it returned}``. It runs in the worker's process, in a thread
+        of its own (never its event loop, nor a task slot; an ``async def`` function's
+        coroutine is awaited there, on an event loop of its own). Each worker has
+        ``timeout`` seconds to answer: one that leaves or does not answer in time comes
+        to :class:`~runtime.errors.RunNoAnswer` naming it. ``on_error``: ``"raise"``
+        raises the error of the first worker (by id) whose call failed (the original
+        exception, or :class:`~runtime.errors.RemoteError` when it does not load here),
+        ``"return"`` puts the error in that worker's place, ``"ignore"`` leaves that
+        worker out. :class:`~runtime.errors.UnknownWorkers` for an id the scheduler does
+        not know (nothing runs). dask.distributed's ``wait=False``, ``nanny=True`` and a
+        ``dask_worker`` parameter raise :class:`~runtime.errors.DaskOnlyArgument`."""
+        self._require()
+        name, wanted = _run_checked(func, workers, timeout, on_error, kwargs)
+        call: Any = (func, args, kwargs)  # an embedded manager's workers: as it is
+        if self.address is not None:  # pickled here: the manager opens none of it
+            call = await anyio.to_thread.run_sync(pickled_call, call, name)
+        request = RunRequest(call, name, wanted, float(timeout))
+        outcomes = await self._manager.ask(request, timeout=float(timeout) + RUN_SLACK)
+        return _run_results(outcomes, on_error, name)
+
+    def run_sync(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`run` for code in another thread than the cluster's event loop (as
+        :attr:`get` is :meth:`compute`'s): it waits for the answers there. Not a
+        coroutine; ``CorralError`` in the event loop's own thread, which it would block."""
+        answers: dict[str, Any] = self._from_thread(
+            lambda: self.run(func, *args, **kwargs),
+            "cluster.run_sync waits for the workers' answers",
+            "`await cluster.run(func)`",
+        )
+        return answers
+
     @property
     def scheduler_state(self) -> Any:
         """The scheduler's core state, read-only (for statistics and tests). Only for
@@ -3250,6 +3319,101 @@ _SCATTER_DASK_ONLY = {
     "direct": "a Corral client always sends through the manager: leave it out",
     "timeout": "await the call within anyio.fail_after(seconds) instead",
 }
+
+#: dask.distributed's keywords of ``Client.run`` that Corral's does not take: their
+#: dask default (accepted, and not passed to the function, as dask does not), and what
+#: to do instead of another value.
+_RUN_DASK_ONLY = {
+    "wait": (
+        True,
+        "every call is waited for (an async def function too): start background work in "
+        "a thread or task of the function's own, and return",
+    ),
+    "nanny": (False, "Corral's workers have no nanny: the function runs in the worker's process"),
+}
+
+
+def _run_checked(
+    func: Any, workers: Any, timeout: Any, on_error: Any, kwargs: dict[str, Any]
+) -> tuple[str, tuple[str, ...] | None]:
+    """``Cluster.run``'s arguments checked (its function's name, and the worker ids as a
+    tuple, None for all); dask.distributed's keywords taken out of ``kwargs``."""
+    if not callable(func):
+        raise TypeError(f"run(func, ...): func must be callable, got {short_repr(func)}")
+    name = funcname(func)
+    for key, (default, instead) in _RUN_DASK_ONLY.items():
+        if key in kwargs and kwargs.pop(key) is not default:
+            raise DaskOnlyArgument(key, name, instead, method="run")
+    params: Mapping[str, Any] = {}
+    with contextlib.suppress(TypeError, ValueError):  # a signature that cannot be read
+        params = inspect.signature(func).parameters
+    if "dask_worker" in params:
+        raise DaskOnlyArgument(
+            "dask_worker",
+            name,
+            "Corral's workers are no dask Worker objects to pass: read what you need in "
+            "the function itself (os.getpid(), socket.gethostname(), os.environ)",
+            method="run",
+        )
+    if on_error not in RUN_ON_ERROR:
+        raise ValueError(
+            f"run(on_error=...) is one of {', '.join(map(repr, RUN_ON_ERROR))}, as in dask, "
+            f"got {short_repr(on_error)}"
+        )
+    check_run_timeout(timeout)
+    if workers is None:
+        return name, None
+    if isinstance(workers, str) or not isinstance(workers, Iterable):
+        raise TypeError(
+            "run(workers=...) is a list of worker ids (a single id in a list: "
+            f"workers=['worker-1']), got {short_repr(workers)}"
+        )
+    wanted = tuple(workers)
+    for wid in wanted:
+        if not isinstance(wid, str):
+            raise TypeError(f"run(workers=...): a worker id is a str, got {short_repr(wid)}")
+    return name, wanted
+
+
+def _run_results(outcomes: Iterable[RunOutcome], on_error: str, name: str) -> dict[str, Any]:
+    """``Cluster.run``'s answer, ``{worker id: value}``, from the workers' outcomes (by
+    worker id), the failed ones as ``on_error`` says: the first raised, or its error in
+    the worker's place, or left out."""
+    results: dict[str, Any] = {}
+    for out in sorted(outcomes, key=lambda o: o.worker):
+        if out.ok:
+            try:
+                results[out.worker] = unpickling.loads(out.payload) if out.pickled else out.payload
+                continue
+            except Exception as exc:  # its value's class is not importable here, say
+                exc.add_note(f"(the value {name}() returned on worker {out.worker!r})")
+                error: BaseException = exc
+        else:
+            error = _run_error(out, name)
+        if on_error == "raise":
+            raise error
+        if on_error == "return":
+            results[out.worker] = error
+    return results
+
+
+def _run_error(out: RunOutcome, name: str) -> BaseException:
+    """The error of a failed outcome, as the caller gets it: the worker's exception
+    (:class:`~runtime.errors.TaskExited` for one that is not an ``Exception``, which
+    raised as itself would end this program), or :class:`~runtime.errors.RemoteError`
+    when it does not load here; with a note naming the worker."""
+    try:
+        error = unpickling.loads(out.payload) if out.pickled else out.payload
+        if not isinstance(error, BaseException):
+            raise TypeError(f"a {type(error).__name__} in place of an exception")
+    except Exception:
+        return RemoteError(out.kind, out.text)
+    if isinstance(error, RunNoAnswer):
+        return error  # (its text names the worker)
+    error = TaskExited.of(error, f"{name}() on {out.worker}")
+    error.add_note(f"(raised on worker {out.worker!r} in Cluster.run's call of {name}())")
+    return error
+
 
 #: What each method that takes futures says to do with something else.
 _TAKES_FUTURES = {

@@ -64,6 +64,7 @@ __all__ = [
     "ReportRunError",
     "ResultNotPicklable",
     "RetryPolicyLoop",
+    "RunNoAnswer",
     "ShuffleMethodError",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
@@ -83,6 +84,7 @@ __all__ = [
     "UnknownCategory",
     "UnknownPolicyError",
     "UnknownStream",
+    "UnknownWorkers",
     "ValueTooLarge",
     "WorkerCoreFailed",
     "WorkerLost",
@@ -1831,6 +1833,52 @@ class WorkersTimeout(CorralError, TimeoutError):
             wanted=wanted,
             joined=joined,
             seconds=seconds,
+        )
+
+
+class UnknownWorkers(CorralError, ValueError):
+    """``Cluster.run(..., workers=...)`` named workers (``unknown``) that the scheduler
+    does not know: never joined, left already, or misspelt. ``known``: the ids of the
+    workers it knows now. Nothing was run. Also a ``ValueError``."""
+
+    def __init__(self, unknown: Iterable[str], known: Iterable[str]) -> None:
+        unknown, known = tuple(unknown), tuple(sorted(known))
+        hint = did_you_mean(unknown[0], known, ".") if len(unknown) == 1 else "."
+        have = _names(known) if known else "none"
+        super().__init__(
+            f"run(workers=...) names {_names(unknown)}, which this cluster's scheduler does "
+            f"not know as a worker{hint} Its workers now: {have} (`[w.worker_id for w in "
+            "(await cluster.status())['workers']]`). Nothing was run: name "
+            "workers from that list, or leave workers= out to run on every worker.",
+            unknown=unknown,
+            known=known,
+        )
+
+
+class RunNoAnswer(CorralError, TimeoutError):
+    """Worker ``worker`` gave no answer to ``Cluster.run``'s call of ``func``: it left,
+    or its connection dropped, before it answered (``left`` True), or it did not
+    answer within ``timeout`` seconds (``left`` False: ``func`` may still be running
+    there, in a thread of its own that nothing can stop). The other workers' answers
+    came. Also a ``TimeoutError``."""
+
+    def __init__(self, worker: str, func: str, timeout: float, *, left: bool) -> None:
+        if left:
+            why = "left, or its connection dropped, before it answered"
+        else:
+            why = (
+                f"did not answer within {timeout:g} s: {func}() may still be running there "
+                "(in a thread of its own, which nothing can stop), or the worker is stalled "
+                "or cut off. Raise run(..., timeout=...) for a call that takes longer"
+            )
+        super().__init__(
+            f"worker {worker!r} {why}. The other workers' answers came: "
+            "run(..., on_error='return') gives them with this error in this worker's place, "
+            "on_error='ignore' without it.",
+            worker=worker,
+            func=func,
+            timeout=timeout,
+            left=left,
         )
 
 

@@ -1653,6 +1653,62 @@ class WaitForWorkersRequest(Message):
     n: int
 
 
+@message(local=True)
+class RunRequest(Message):
+    """Client -> manager: call a function once on each of ``workers`` (None: every
+    worker the scheduler knows), outside the task graph (``Cluster.run``, dask's
+    ``Client.run``). ``call``: the client's pickle of ``(func, args, kwargs)``, opened
+    by the workers only; from a client in the manager's own process (an embedded
+    cluster), the tuple itself, which its in-process workers call as it is (the manager
+    pickles it, in a thread, for its worker processes); ``name``: the function's name,
+    for the logs and errors; ``timeout``: the seconds each worker has to answer.
+    Answered with a tuple of :class:`RunOutcome`, one per worker, within ``timeout`` (a
+    worker that leaves or does not answer in time gets a ``RunNoAnswer`` outcome)."""
+
+    call: Any
+    name: str
+    workers: tuple[str, ...] | None
+    timeout: float
+
+
+@message(local=True)
+class RunTargets(Message):
+    """Manager -> scheduler: the workers a :class:`RunRequest` goes to, as
+    ``(worker id, reference)`` pairs: those ``workers`` names (None: every worker
+    registered, away ones too: they may come back within the call), chosen by the core
+    (``SchedulerState.run_targets``; ``UnknownWorkers`` for an id it does not know)."""
+
+    workers: tuple[str, ...] | None
+
+
+@message(local=True)
+class RunCall(Message):
+    """Manager -> worker: open ``call`` (a :class:`RunRequest`'s: bytes, or to an
+    in-process worker the tuple itself) and call it once, in a thread of the worker's
+    process, off its event loop; answer a :class:`RunOutcome`."""
+
+    call: Any
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What one worker's call of a :class:`RunRequest` came to: ``ok`` and ``payload``
+    the pickle of the value it returned, else ``payload`` the pickle of the error
+    (``runtime.remote.pack_error``: it loads, or a stand-in does), ``kind`` its type's
+    name and ``text`` its traceback, for a side that cannot load it (``RemoteError``).
+    Pickled by the worker, opened by the client only: the manager relays the bytes. A
+    call that came as objects (an in-process worker's) answers with objects: the value
+    or the exception itself (``pickled`` False)."""
+
+    worker: str
+    ok: bool
+    payload: Any
+    kind: str = ""
+    text: str = ""
+    pickled: bool = True
+
+
 @message()
 class ClientGone(Message):
     """Gateway -> manager: a client's connection ended; release what it held."""

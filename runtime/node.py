@@ -122,6 +122,7 @@ from runtime.messages import (
     RegisterWorker,
     ReleaseKeysRequest,
     ResumeRequest,
+    RunRequest,
     RunTasks,
     ScaleRequest,
     SetPolicyRequest,
@@ -1580,9 +1581,10 @@ _READ: frozenset[type[Message]] = frozenset(
 )
 
 #: What a client with the submit token may send besides the reads: its own work
-#: (submit, gather, release and cancel its own keys: :data:`OWN_CLIENT`), and wait for
-#: workers. Not the operator's commands (the console's cancel of any key or run,
-#: policies, scaling, draining, alert rules).
+#: (submit, gather, release and cancel its own keys: :data:`OWN_CLIENT`), wait for
+#: workers, and run a function on them (``Cluster.run``: code, as a graph is). Not the
+#: operator's commands (the console's cancel of any key or run, policies, scaling,
+#: draining, alert rules).
 _SUBMIT: frozenset[type[Message]] = _READ | {
     SubmitGraphRequest,
     GatherRequest,
@@ -1591,6 +1593,7 @@ _SUBMIT: frozenset[type[Message]] = _READ | {
     ReleaseKeysRequest,
     CancelRequest,
     WaitForWorkersRequest,
+    RunRequest,
 }
 
 #: The messages a ``submit`` connection may send only for itself: their ``client``

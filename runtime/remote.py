@@ -98,6 +98,7 @@ from runtime.messages import (
     ErrorReply,
     Message,
     Ping,
+    RunOutcome,
     SubmitGraphRequest,
     bare_exception,
     message,
@@ -115,12 +116,15 @@ __all__ = [
     "RemoteError",
     "RemoteRef",
     "bound_error",
+    "check_run_timeout",
     "exception_chain",
     "from_wire",
     "not_welcomed",
     "pack_error",
+    "pickled_call",
     "refusal_error",
     "refuse",
+    "run_failure",
     "substitute_error",
     "task_error_limit",
     "to_wire",
@@ -461,6 +465,46 @@ def pack_error(
                 failure = failed
     why = f"it cannot be pickled and loaded again ({failure!r}) to travel back from {where}"
     return dumps(substitute_error(*_describe(exc), tb, why)), tb
+
+
+def pickled_call(call: tuple[Any, ...], name: str) -> bytes:
+    """``Cluster.run``'s ``(func, args, kwargs)`` pickled to travel to a worker process
+    (cloudpickle: a function of a script by value); a ``TypeError`` saying what to do
+    when it does not pickle. Called in a thread: it may take a while."""
+    try:
+        return pickling.cloudpickle_dumps(call)
+    except Exception as exc:
+        raise TypeError(
+            f"run: {name}() or its arguments cannot be pickled to travel to the worker "
+            f"processes ({exc!r}). Pass picklable arguments, or make the object (a lock, an "
+            "open file or connection...) inside the function."
+        ) from exc
+
+
+def check_run_timeout(timeout: object) -> None:
+    """A ``ValueError`` unless ``timeout`` is ``Cluster.run``'s: a finite number of
+    seconds > 0 (checked by the client at the call, and by the manager for any client:
+    it bounds the call)."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < math.inf
+    ):
+        raise ValueError(
+            "run(timeout=...) is the seconds each worker has to answer, a finite number > 0, "
+            f"got {timeout!r:.80}"
+        )
+
+
+def run_failure(exc: BaseException, name: str, worker: str) -> RunOutcome:
+    """The outcome of ``Cluster.run``'s call of ``name`` on ``worker`` that came to
+    ``exc``: raised there (bounded as a task's error is, :func:`bound_error`), or the
+    manager's word that the worker gave no answer. Packed as a task's error is
+    (:func:`pack_error`: it loads again, or a stand-in does), with its type's name and
+    traceback for a side that cannot load it."""
+    error = bound_error(exc, f"{name}() on {worker}", task_error_limit())
+    parts, tb = pack_error(error, f"worker {worker!r}")
+    return RunOutcome(worker, False, bytes(parts[0]), type(exc).__name__, tb)
 
 
 def _frames(exc: BaseException) -> list[Any]:

@@ -225,6 +225,8 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "scheduler_state": lambda c: c.scheduler_state,
     "persist": lambda c: c.persist(),
     "scatter": lambda c: c.scatter(1),
+    "run": lambda c: c.run(abs, 1),
+    "run_sync": lambda c: c.run_sync(abs, 1),
 }
 #: Those that need no running cluster: starting and stopping it, reading its settings,
 #: its dashboard's URL (None then), the clusters running (a static method).
