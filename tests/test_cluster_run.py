@@ -48,9 +48,10 @@ from tests.test_hostile_auth import _next, in_process_gateway, raw
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
-#: this file's ports: a manager's or an embedded gateway's, and its workers' for peers
-PORTS = (47500, 47509)
-WORKER_PORTS = "47510-47549"
+#: this file's ports: a manager's or an embedded gateway's (a wide range: one a test
+#: closed may stay unbindable for a while, in TIME_WAIT), and its workers' for peers
+PORTS = (47500, 47899)
+WORKER_PORTS = "47900-47999"
 
 
 class CheckFailed(Exception):
