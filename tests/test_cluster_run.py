@@ -284,6 +284,7 @@ async def test_run_sync_waits_from_another_thread_and_refuses_the_loop_s_own() -
 # ----------------------------------------------------------------------------- processes
 
 
+@pytest.mark.slow  # worker processes start: 2-10 s on a loaded machine
 async def test_worker_processes_answer_with_their_own_pids_and_errors() -> None:
     pools = {"default": {"min_blocks": 2, "worker_port_range": WORKER_PORTS}}
     port = free_port_between(*PORTS)
@@ -304,6 +305,7 @@ async def test_worker_processes_answer_with_their_own_pids_and_errors() -> None:
                 await c.run(threading.Lock)
 
 
+@pytest.mark.slow  # worker processes start: 2-10 s on a loaded machine
 async def test_a_worker_process_killed_mid_call_is_named_at_once_not_at_the_timeout(
     tmp_path: Path,
 ) -> None:
@@ -334,6 +336,7 @@ async def test_a_worker_process_killed_mid_call_is_named_at_once_not_at_the_time
             assert took < RUN_TIMEOUT / 2, took  # not the call's timeout
 
 
+@pytest.mark.slow  # worker processes start: 2-10 s on a loaded machine
 def test_a_client_of_a_manager_process_gets_the_workers_answers(tmp_path: Path) -> None:
     port = free_port_between(*PORTS)
 
