@@ -34,7 +34,7 @@ from runtime.errors import (
     UnknownWorkers,
 )
 from runtime.messages import ErrorReply, RunOutcome, RunRequest
-from runtime.node import ALLOWED, Hello, Tokens
+from runtime.node import ALLOWED, Hello, Tokens, Welcome
 from runtime.pickling import cloudpickle_dumps
 from runtime.remote import to_wire
 from tests.helpers import (
@@ -162,6 +162,25 @@ async def test_a_read_token_asking_to_run_a_function_is_refused_unopened() -> No
     assert "use the submit token" in reply.text
 
 
+async def test_the_manager_refuses_a_timeout_that_would_not_bound_the_call() -> None:
+    """The client checks ``timeout`` at the call; a client that sends one anyway (any
+    number crosses the wire) is refused by the manager, which the timeout bounds."""
+    tokens = Tokens.generate()
+    call = cloudpickle_dumps((os.getpid, (), {}))
+    with anyio.fail_after(LIMIT):
+        async with (
+            in_process_gateway(tokens, PORTS) as (_, address),
+            raw(address, tokens.submit, Hello("client", "hasty")) as conn,
+        ):
+            assert isinstance(await _next(conn), Welcome)
+            for n, bad in enumerate([float("inf"), float("nan"), -1.0, 0.0]):
+                request = RunRequest(call, "getpid", None, bad)
+                await conn.send(Frame(to_wire(request), request_id=n + 1))
+                reply = await _next(conn)
+                assert isinstance(reply, ErrorReply) and reply.kind == "ValueError", reply
+                assert "a finite number > 0" in reply.text, reply.text
+
+
 # ----------------------------------------------------------------------------- in-process
 
 
@@ -260,6 +279,8 @@ async def test_bad_arguments_are_refused_at_the_call_saying_what_to_do() -> None
                 await c.run(os.getpid, timeout=float("inf"))
             with pytest.raises(TypeError, match="a list of worker ids"):
                 await c.run(os.getpid, workers="worker-1")
+            with pytest.raises(TypeError, match="a worker id is a str, got 1"):
+                await c.run(os.getpid, workers=[1])
             with pytest.raises(TypeError, match="must be callable"):
                 await c.run(42)
             with pytest.raises(DaskOnlyArgument, match=r"wait= is a dask\.distributed keyword"):
