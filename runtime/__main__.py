@@ -707,9 +707,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "Python, Corral and dask versions the workers would run, which must match this "
         "manager's; the run, spill and output directories exist or can be created and "
         "have room; the [policies] table is what the manager accepts (a policy that is "
-        "not built in needs --policy-module). Prints PASS / WARN / FAIL per check with "
-        "what to do; exit 1 when a "
-        "check fails.",
+        "not built in needs --policy-module); the [alerting] alertmanager URL answers "
+        "(GET URL/-/ready, 3 s at most). Prints PASS / WARN / FAIL per check with "
+        "what to do; exit 1 when a check fails.",
     )
     chk.add_argument("--config", required=True, metavar="PATH", help="the TOML file of pools")
     chk.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -1341,6 +1341,7 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    import anyio
 
     from actors.pools import ignored_settings, load_config, load_policies, load_scheduler
     from policies import REGISTRY
@@ -1351,6 +1352,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         FAIL,
         WARN,
         CheckResult,
+        check_alertmanager,
         check_policies,
         refused,
         run_checks,
@@ -1371,6 +1373,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     try:
         alerting = load_alerting(args.config, refuse=refuse)  # its alert rules and settings
         results += [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
+        if alerting.alertmanager:  # it answers (bounded): a WARN says why not
+            results.append(anyio.run(check_alertmanager, alerting.alertmanager))
     except AlertConfigError as exc:
         refuse(exc)
 

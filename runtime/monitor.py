@@ -19,6 +19,10 @@ What lives here:
   ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
   When it stops (the manager's orderly stop) it warns of the rules changed live, which
   are not kept, and has each notifier end its firing alerts (bounded).
+  As it starts, it asks the configured Alertmanager once whether it answers, in the
+  background (``runtime.preflight.probe_alertmanager``, bounded; nothing waits for it):
+  a WARNING naming the URL and what to do when it does not, an INFO when it does, so a
+  wrong URL is known before the first alert fires.
 
 A slow or stuck metrics fetch skips that evaluation; a notifier that cannot reach its
 server retries in its own task. Nothing here waits without a bound in a handler.
@@ -76,6 +80,7 @@ from runtime.messages import (
 )
 from runtime.metrics import SAMPLE_LABELS, notes, samples
 from runtime.notify import AlertmanagerNotifier, LogNotifier, Notifier
+from runtime.preflight import ALERTMANAGER_ADVICE, ALERTMANAGER_TIMEOUT, probe_alertmanager
 
 __all__ = [
     "AUDIT_LINES",
@@ -359,7 +364,8 @@ class Monitor(Actor):
     configuration names none, so that an alert that holds from the start carries its
     link from its first notification on (0: it does not wait; no dashboard comes).
     ``close_timeout``: seconds an orderly stop gives each notifier to end the firing
-    alerts (:meth:`on_stop`)."""
+    alerts (:meth:`on_stop`). ``probe_timeout``: seconds the probe of the configured
+    Alertmanager at start may take (:meth:`_probe_alertmanager`, in the background)."""
 
     def __init__(
         self,
@@ -372,8 +378,10 @@ class Monitor(Actor):
         scale_timeout: float = 10.0,
         dashboard_wait: float = 0.0,
         close_timeout: float = 2.0,
+        probe_timeout: float = ALERTMANAGER_TIMEOUT,
     ) -> None:
         self.config = config = config or AlertingConfig()
+        self.probe_timeout = probe_timeout
         self.dashboard_wait = dashboard_wait
         self._dashboard_known: anyio.Event | None = None
         self._metrics = metrics
@@ -410,7 +418,22 @@ class Monitor(Actor):
         self._dashboard_known = anyio.Event()
         for notifier in self.notifiers:
             self.start_soon(notifier.run)
+        if self.config.alertmanager:
+            self.start_soon(self._probe_alertmanager, self.config.alertmanager)
         self.start_soon(self._sample)
+
+    async def _probe_alertmanager(self, url: str) -> None:
+        """Once, as the monitor starts, in its own task (nothing waits for it; at most
+        ``probe_timeout`` seconds): whether the Alertmanager at ``url`` answers, logged
+        (WARNING with what to do when it does not: its posts would fail only when an
+        alert fires, during the incident)."""
+        answers, said = await probe_alertmanager(url, self.probe_timeout)
+        if answers:
+            self.log.info("Alertmanager answers", url=url, answer=said)
+        else:
+            self.log.warning(
+                "Alertmanager does not answer", url=url, why=said, advice=ALERTMANAGER_ADVICE
+            )
 
     async def on_stop(self) -> None:
         """An orderly stop: say which rules the console changed (they are not kept),

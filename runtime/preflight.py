@@ -31,6 +31,9 @@ The checks:
 - ``directory``: the run, spill and output directories exist or can be created, and have
   room: free space against the pools' ``memory_per_worker`` x workers (a conservative
   guess at what may be spilled).
+- ``alertmanager``: the ``[alerting] alertmanager`` URL answers (:func:`check_alertmanager`:
+  one bounded GET of ``URL/-/ready``); a WARN saying why not. The manager's alert monitor
+  runs the same probe once as it starts, in the background (``runtime/monitor.py``).
 
 Synchronous (``subprocess``): the command runs them directly; the manager runs them in a
 thread once it listens (:func:`log_quick_checks`), and stops a command still running when
@@ -58,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 import anyio.abc
 import anyio.to_thread
@@ -92,6 +96,8 @@ from runtime.errors import (
 from runtime.log import get_logger
 
 __all__ = [
+    "ALERTMANAGER_ADVICE",
+    "ALERTMANAGER_TIMEOUT",
     "FAIL",
     "PASS",
     "PROBE_CODE",
@@ -99,6 +105,7 @@ __all__ = [
     "CheckResult",
     "Partition",
     "Versions",
+    "check_alertmanager",
     "check_batch_system",
     "check_directories",
     "check_drain",
@@ -111,6 +118,7 @@ __all__ = [
     "log_quick_checks",
     "parse_probe_output",
     "parse_test_only",
+    "probe_alertmanager",
     "probe_slurm_pools",
     "quick_checks_service",
     "refused",
@@ -1052,6 +1060,66 @@ def check_policies(
         for kind, (name, params) in chosen.items()
     )  # fmt: skip
     return CheckResult(ALL, "policies", PASS, f"{said}{given}")
+
+
+# ----------------------------------------------------------------------------- alertmanager
+
+#: seconds the Alertmanager probe waits for an answer, all tries together
+ALERTMANAGER_TIMEOUT = 3.0
+
+#: what to do about an Alertmanager that does not answer
+ALERTMANAGER_ADVICE = (
+    "until it answers, alerts reach only the manager's log (each post to it is retried "
+    "and logged when an alert fires): check the URL ([alerting] alertmanager in --config, "
+    "or --alertmanager), that Alertmanager runs there and that this machine can reach it "
+    "(docs/monitoring.md#notifiers-and-alertmanager)"
+)
+
+#: the readiness endpoint, then the API's status (for a proxy that passes only the API)
+_READY_PATHS = ("/-/ready", "/api/v2/status")
+
+
+async def probe_alertmanager(url: str, within: float = ALERTMANAGER_TIMEOUT) -> tuple[bool, str]:
+    """Whether the Alertmanager at base URL ``url`` answers: ``GET URL/-/ready`` (where
+    that is not found, HTTP 404, ``GET URL/api/v2/status``), at most ``within`` seconds
+    in all, without a proxy (as the notifier posts). ``(True, what answered)``, e.g.
+    ``GET /-/ready: HTTP 200``, or ``(False, why not)``: the connection's error, the HTTP
+    status and the start of the page, or ``no answer within 3 s``. Never raises for the
+    network."""
+    base = url.rstrip("/")
+    why = f"no answer within {within:g} s"
+    found: list[str] = []
+    with anyio.move_on_after(within):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session:
+            for path in _READY_PATHS:
+                try:
+                    async with session.get(base + path, allow_redirects=False) as resp:
+                        page = " ".join((await resp.text(errors="replace"))[:200].split())
+                        status = resp.status
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                    return False, f"{type(exc).__name__}: {exc}"
+                if status < 300:
+                    return True, f"GET {path}: HTTP {status}"
+                found.append(f"GET {path}: HTTP {status}" + (f" {page}" if page else ""))
+                if status != 404:
+                    break
+            why = "; ".join(found)
+            if all(" HTTP 404" in f for f in found):
+                why += ": is this Alertmanager's base URL (no path)?"
+    return False, why
+
+
+async def check_alertmanager(url: str, within: float = ALERTMANAGER_TIMEOUT) -> CheckResult:
+    """The ``alertmanager`` check of ``check --config``: PASS when the Alertmanager at
+    ``url`` answers (:func:`probe_alertmanager`), else a WARN saying why not and what to
+    do (a manager starts anyway, and sends alerts once it answers)."""
+    answers, said = await probe_alertmanager(url, within)
+    if answers:
+        return CheckResult(ALL, "alertmanager", PASS, f"Alertmanager at {url} answers ({said})")
+    return CheckResult(
+        ALL, "alertmanager", WARN, f"Alertmanager at {url} does not answer: {said}",
+        ALERTMANAGER_ADVICE,
+    )  # fmt: skip
 
 
 def _policy_refused(
