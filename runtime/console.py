@@ -108,6 +108,7 @@ __all__ = [
     "keep_history",
     "main",
     "render_status",
+    "replaced_text",
 ]
 
 #: Task states, for ``tasks --state`` and its completion.
@@ -600,10 +601,13 @@ class ConsoleClient:
             await anyio.sleep(interval)
 
     async def add_alert_rule(self, rule: Mapping[str, Any]) -> dict[str, Any]:
-        """Add ``rule`` (its data; one of the same name is replaced) (admin). Answer:
-        the rule as the monitor holds it, with ``warnings`` (texts) when a ``pool="X"``
-        of it names no pool of the cluster's. A bad rule: :class:`ConsoleError` with the
-        monitor's ``AlertConfigError`` text."""
+        """Add ``rule`` (its data; one of the same name is replaced, and nothing of it
+        is kept) (admin). Answer: the rule as the monitor holds it, with ``warnings``
+        (texts) when a ``pool="X"`` of it names no pool of the cluster's, and
+        ``replaced`` when it replaced a rule: ``{"rule": NAME, "dropped_labels": {name:
+        value}, "dropped_annotations": [names]}``, the replaced rule's labels and
+        annotations the new one does not give (:func:`replaced_text` says it). A bad
+        rule: :class:`ConsoleError` with the monitor's ``AlertConfigError`` text."""
         return dict(await self._alert_ask(AlertRuleAdd(dict(rule))))
 
     async def remove_alert_rule(self, name: str) -> list[str]:
@@ -840,6 +844,8 @@ class ConsoleClient:
         if word == "add":
             held = jsonable(await self.add_alert_rule(_alert_rule(args)))
             text = f"alert rule {held.get('name')} added: {held.get('expr')}"
+            if held.get("replaced"):
+                text += f"\n{replaced_text(held['replaced'])}"
             text += "".join(f"\nwarning: {w}" for w in held.get("warnings") or ())
             return Result("alert", held, Text(text))
         _usage("alert")
@@ -981,6 +987,24 @@ def _option_values(words: list[str]) -> list[str]:
             out.append(w)
             i += 1
     return out
+
+
+def replaced_text(replaced: Mapping[str, Any]) -> str:
+    """What ``alert add`` says of the rule it replaced (``replaced`` of its answer):
+    ``replaces rule CorralQueueTime; dropped labels team=corral; dropped annotations
+    summary, description: give them again with --label/--annotation to keep them``, or
+    ``...; it drops none of its labels and annotations``."""
+    labels = dict(replaced.get("dropped_labels") or {})
+    notes = list(replaced.get("dropped_annotations") or ())
+    text = f"replaces rule {replaced.get('rule')}"
+    if not (labels or notes):
+        return f"{text}; it drops none of its labels and annotations"
+    if labels:
+        text += "; dropped labels " + ", ".join(f"{k}={v}" for k, v in labels.items())
+    if notes:
+        text += "; dropped annotations " + ", ".join(notes)
+    flags = "/".join(f for f, given in (("--label", labels), ("--annotation", notes)) if given)
+    return f"{text}: give them again with {flags} to keep them"
 
 
 def _alert_rule(args: str) -> dict[str, Any]:

@@ -1232,8 +1232,11 @@ class AlertRuleAdd(Message):
     """-> manager -> alert monitor (admin): add the alert rule ``rule`` (its data, as
     in a ``[[alerts]]`` table of the manager's configuration), or replace the rule of
     the same name. Answer: the rule as the monitor holds it, with ``warnings`` (texts)
-    when a ``pool="X"`` of its expression names no pool of the cluster's; a bad rule
-    raises :class:`~runtime.errors.AlertConfigError`."""
+    when a ``pool="X"`` of its expression names no pool of the cluster's, and with
+    ``replaced`` when it replaced a rule (``rule``, ``dropped_labels``: name -> value,
+    ``dropped_annotations``: names; the old rule's labels and annotations the new one
+    does not give, which are gone); a bad rule raises
+    :class:`~runtime.errors.AlertConfigError`."""
 
     rule: dict[str, Any]
 

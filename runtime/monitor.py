@@ -90,6 +90,7 @@ __all__ = [
     "Monitor",
     "alerting_config",
     "load_alerting",
+    "replaced_rule",
 ]
 
 #: audit lines the monitor keeps for ``AlertsReply.audit``
@@ -325,6 +326,19 @@ def load_alerting(
         settings, rules, alertmanager=alertmanager, source=str(path),
         pools=[str(p) for p in pools] if isinstance(pools, Mapping) else None, refuse=refuse,
     )  # fmt: skip
+
+
+def replaced_rule(old: AlertRule, new: AlertRule) -> dict[str, Any]:
+    """What a rule added in place of ``old`` (of the same name) leaves out of it: nothing
+    of the old rule is kept implicitly, so its labels (``dropped_labels``, name -> value)
+    and annotations (``dropped_annotations``, names) that ``new`` does not give are gone
+    (a ``team`` label an Alertmanager route matches on, a ``summary``). ``rule``: the name
+    replaced. The answer of :meth:`Monitor.add_rule` carries it as ``replaced``."""
+    return {
+        "rule": old.name,
+        "dropped_labels": {k: v for k, v in old.labels.items() if k not in new.labels},
+        "dropped_annotations": [k for k in old.annotations if k not in new.annotations],
+    }
 
 
 @message(local=True)
@@ -606,13 +620,21 @@ class Monitor(Actor):
             pools = tuple(self.state.pools()) or None
         rule = parse_rule(dict(msg.rule), SAMPLE_LABELS, pools=pools)
         warnings = pool_warnings(rule, pools)
+        old = self.state.rules.get(rule.name)
+        replaced = None if old is None else replaced_rule(old, rule)
         self._run(RuleAdded(rule, replace=True, now=time.time()))
         # an operator's change: info, unless the rule may not do what it says
         (self.log.warning if warnings else self.log.info)(
             "alert rule added", rule=rule.name, expr=rule.expr,
             **({"warnings": warnings} if warnings else {}),
+            **({"replaced": replaced} if replaced is not None else {}),
         )  # fmt: skip
-        return {**rule.to_dict(), "warnings": warnings} if warnings else rule.to_dict()
+        reply = rule.to_dict()
+        if warnings:
+            reply["warnings"] = warnings
+        if replaced is not None:
+            reply["replaced"] = replaced
+        return reply
 
     @handles(AlertRuleRemove)
     def remove_rule(self, msg: AlertRuleRemove) -> list[str]:
