@@ -76,7 +76,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from runtime.errors import AlertConfigError, did_you_mean
-from runtime.messages import AlertInfo
+from runtime.messages import ANY_POOL, AlertInfo
 
 __all__ = [
     "AUDIT_ACTIONS",
@@ -1705,7 +1705,7 @@ class AlertState:
                     why=f"no scale-out{reason} ({why})",
                 )  # fmt: skip
 
-        if pool is None or pool == "*":
+        if pool is None or pool == ANY_POOL:
             refuse(": the alert names no pool; set scale_out.pool in the rule's action")
             return
 

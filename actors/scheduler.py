@@ -90,7 +90,6 @@ from actors.scheduler_records import (
     lost_worker_text,
     not_run_text,
     placement_stall_parts,
-    pool_name,
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
@@ -168,6 +167,7 @@ from runtime.messages import (
     WorkersSuspended,
     WorkerStorage,
     message,
+    pool_name,
 )
 
 __all__ = ["MAX_TRACEBACK_TEXT", "Scheduler", "format_error", "traceback_text"]

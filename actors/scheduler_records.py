@@ -54,8 +54,6 @@ __all__ = [
     "error_record",
     "lost_worker_text",
     "not_run_text",
-    "pool_name",
-    "pool_of_key",
     "unsaved_work",
 ]
 
@@ -68,18 +66,6 @@ NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 #: the states of an active task: it still needs its inputs, so it counts in each
 #: dependency's ``consumers`` (the scheduler core's docstring)
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
-
-
-def pool_name(pool: str | None) -> str:
-    """A pool, or a pool key, for people: any pool (None, or its key ``"*"``: the tasks
-    any pool may run) is ``any``, as in ``stalled in pool any``."""
-    return "any" if pool is None or pool == "*" else pool
-
-
-def pool_of_key(key: str) -> str | None:
-    """The pool a pool key stands for (the scheduler's counters and stalls are keyed by
-    ``spec.pool or "*"``): None, any pool, for ``"*"``."""
-    return None if key == "*" else key
 
 
 # ----------------------------------------------------------------------------- state

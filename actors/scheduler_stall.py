@@ -55,10 +55,8 @@ from actors.scheduler_records import (
     SchedulerConfig,
     TaskState,
     WorkerState,
-    pool_name,
-    pool_of_key,
 )
-from runtime.messages import PlacementStallInfo
+from runtime.messages import ANY_POOL, PlacementStallInfo, pool_key, pool_name, pool_of_key
 
 __all__ = ["CorePart", "PlacementWatch"]
 
@@ -114,7 +112,7 @@ class PlacementWatch(CorePart):
 
     def _placed(self, pool: str | None) -> None:
         """A task of ``pool`` was placed or finished: the pool moves (O(1))."""
-        key = pool or "*"
+        key = pool_key(pool)
         if key in self.placement_since:
             self.placement_since[key] = self._now
             if key in self.placement_stalls:
@@ -148,7 +146,7 @@ class PlacementWatch(CorePart):
                 continue
             if self._now - at < timeout:
                 continue
-            if key in self.stalled_since or "*" in self.stalled_since:
+            if key in self.stalled_since or ANY_POOL in self.stalled_since:
                 since[key] = self._now  # its workers all throttled: MemoryStalled's case
                 continue
             stall = self._placement_account(key, at, n)

@@ -263,8 +263,6 @@ from actors.scheduler_records import (
     WorkerState,
     dependency_failed_text,
     error_record,
-    pool_name,
-    pool_of_key,
     unsaved_work,
     walltime_loss,
 )
@@ -312,7 +310,7 @@ from runtime.errors import (
     error_name,
 )
 from runtime.graph import Key, TaskSpec, node_fingerprint
-from runtime.messages import Outcome, TryRecord
+from runtime.messages import ANY_POOL, Outcome, TryRecord, pool_key, pool_name, pool_of_key
 
 __all__ = [
     "ACTIVE",
@@ -1237,7 +1235,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 counts = self.category_tasks
                 counts[spec.category] = counts.get(spec.category, 0) + 1
                 self.created += 1
-                self.pool_tasks[spec.pool or "*"] += 1
+                self.pool_tasks[pool_key(spec.pool)] += 1
                 new.append(ts)
             elif ts.state in ("erred", "cancelled"):
                 # Resubmitting a failed key runs it again with the new spec.
@@ -1678,7 +1676,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ws.jammed.clear()  # a try it ran ended: a thread of it is free again
             self._update_free(ws)
         # Something finished: progress, in the pool of its worker and over all of them.
-        self.stalled_since.pop("*", None)
+        self.stalled_since.pop(ANY_POOL, None)
         if ws is not None:
             self.stalled_since.pop(ws.pool, None)
         if self.placement_since:
@@ -2401,7 +2399,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self.throttled.discard(ws.id)
             self._unthrottled_in(ws.pool)
             ws.throttled_total += max(0.0, self._now - ws.throttled_since)
-            self.stalled_since.pop("*", None)  # memory came down: progress
+            self.stalled_since.pop(ANY_POOL, None)  # memory came down: progress
             self.stalled_since.pop(ws.pool, None)
         self._log(ws.id, "memory", "throttled" if ev.throttled else "unthrottled")
         self._update_free(ws)
@@ -2533,7 +2531,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ended and self.checkpoint_workers and ts.key in self.checkpoint_workers:
             self._prune_all_checkpoints(ts.key)
         if queued:
-            pool = ts.spec.pool or "*"
+            pool = pool_key(ts.spec.pool)
             self.queued_counts[pool] += queued
             pw = self.pool_waits.get(pool)
             if pw is None:
@@ -2567,7 +2565,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         in that worker's pool (as the monitoring database's ``tries`` and ``workers``
         rows count it: docs/monitoring.md), not in ``"*"`` for a task any pool may run."""
         ws = self.workers.get(ts.worker) if ts.worker is not None else None
-        pool = ws.pool if ws is not None else ts.spec.pool or "*"
+        pool = ws.pool if ws is not None else pool_key(ts.spec.pool)
         pw = self.pool_waits.get(pool)
         if pw is None:
             pw = self.pool_waits[pool] = PoolWaits()
@@ -2577,7 +2575,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _repool(self, ts: TaskState, spec: TaskSpec) -> None:
         """``ts`` takes ``spec``, whose pool may differ (a resubmission, a fallback)."""
-        old, new = ts.spec.pool or "*", spec.pool or "*"
+        old, new = pool_key(ts.spec.pool), pool_key(spec.pool)
         ts.spec = spec
         if old != new:
             self.pool_tasks[new] += 1
@@ -2625,7 +2623,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._in_wave(ts, entered and ts.waiting_deps == 0)
 
     def _in_wave(self, ts: TaskState, on: bool) -> None:
-        pool = ts.spec.pool or "*"
+        pool = pool_key(ts.spec.pool)
         wave = self.next_wave.get(pool)
         if on:
             if wave is None:
@@ -2848,7 +2846,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         out: dict[str, int] = {}
         for until, _, ts in self.held:
             if ts.state == "queued" and ts.held_until == until:
-                pool = ts.spec.pool or "*"
+                pool = pool_key(ts.spec.pool)
                 out[pool] = out.get(pool, 0) + 1
         return out
 
@@ -2868,7 +2866,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         out: dict[str, int] = {}
         for until, _, ts in self.retry_held:
             if ts.retry_at == until:
-                pool = ts.spec.pool or "*"
+                pool = pool_key(ts.spec.pool)
                 out[pool] = out.get(pool, 0) + 1
         return out
 
@@ -3201,7 +3199,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if self.feed_on:
                 self._records.append(("retry", ts.key, decision.charge, ts.spec.pool, moved))
             if moved is not None:
-                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{moved}")
+                self._log(ts.key, "pool", f"{pool_key(ts.spec.pool)}->{moved}")
                 self._repool(ts, dataclasses.replace(ts.spec, pool=moved))
             self._back_to_ready(ts)
             if pool is not None and isinstance(served, str):  # a pool no worker joined yet
@@ -3280,7 +3278,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._policy_error(
             "retry", ts.key,
             f"retry moved the task to pool {pool!r}, {where}: it would wait for good; "
-            f"it stays in pool {ts.spec.pool or '*'}",
+            f"it stays in pool {pool_key(ts.spec.pool)}",
             f"retry moved a task to pool {pool!r}",
         )  # fmt: skip
         return False
@@ -3471,7 +3469,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ):
                 continue
             del self.tasks[t.key]
-            self._pool_task_gone(t.spec.pool or "*")
+            self._pool_task_gone(pool_key(t.spec.pool))
             self._category_task_gone(t.spec.category)
             if self.disk_measured:
                 self.disk_measured.pop(t, None)
@@ -4953,7 +4951,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         stalled = self.stalled_since
         keys = [p for p, n in self.throttled_in.items() if n >= len(self.pool_members.get(p, ()))]
         if self.throttled and len(self.throttled) >= len(self.workers):
-            keys.insert(0, "*")  # first: it fails every task, its pools' among them
+            keys.insert(0, ANY_POOL)  # first: it fails every task, its pools' among them
         for key in [k for k in stalled if k not in keys]:
             del stalled[key]
         for key in keys:
@@ -4967,7 +4965,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 continue
             if self._now - since < self.config.stall_timeout:
                 continue
-            if key != "*" and self._read_elsewhere(self.pool_members[key]):
+            if key != ANY_POOL and self._read_elsewhere(self.pool_members[key]):
                 stalled[key] = self._now  # they will free memory there: look again later
                 continue
             self._fail_stalled(key, self._now - since)
@@ -5254,9 +5252,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             assert key in self.checkpoint_workers, ("checkpoint workers", key)
         held = sum(len(c.data) for cps in self.checkpoints.values() for c in cps if c.data)
         assert self.checkpoint_held == held, ("checkpoint bytes", self.checkpoint_held, held)
-        pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
+        pools = Counter(
+            pool_key(ts.spec.pool) for ts in self.tasks.values() if ts.state == "queued"
+        )
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
-        pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values())
+        pools = Counter(pool_key(ts.spec.pool) for ts in self.tasks.values())
         assert self.pool_tasks == pools, ("pool task counters", self.pool_tasks, pools)
         members = sum(len(m) for m in self.pool_members.values())
         assert members == len(self.workers) and all(self.pool_members.values()), "members"
@@ -5317,7 +5317,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         kept = {ts for w in self.next_wave.values() for ts in w}
         assert kept == wave, ("next wave", kept ^ wave)
         for pool, w in self.next_wave.items():
-            assert all((ts.spec.pool or "*") == pool for ts in w), ("next wave pool", pool)
+            assert all(pool_key(ts.spec.pool) == pool for ts in w), ("next wave pool", pool)
         queued = {e[3] for q, heap in self.queues.items() for e in heap if _live(e, q[1])}
         for category, ready in self.ready_entries.items():
             assert ready, ("empty ready entries", category)

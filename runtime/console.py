@@ -59,7 +59,7 @@ from rich.text import Text
 
 from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
-from actors.scheduler_records import disk_stall_parts, placement_stall_parts, pool_name
+from actors.scheduler_records import disk_stall_parts, placement_stall_parts
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -72,6 +72,7 @@ from runtime.errors import (
 )
 from runtime.home import corral_home, private_dir
 from runtime.messages import (
+    ANY_POOL,
     MAX_LISTING,
     AlertRuleAdd,
     AlertRuleRemove,
@@ -94,6 +95,7 @@ from runtime.messages import (
     TaskRecord,
     TasksQuery,
     UndrainRequest,
+    pool_name,
 )
 from runtime.notify import AlertChanges
 
@@ -1311,7 +1313,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         life = lives.get(pool, {})
         _row(
             pt,
-            "(any pool)" if pool == "*" else pool,
+            "(any pool)" if pool == ANY_POOL else pool,
             str(p["workers"]),
             str(p["cores"]),
             str(p["running"]),

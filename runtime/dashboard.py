@@ -36,6 +36,7 @@ from actors.scheduler_records import DEPENDENCY_FAILED, NOT_RUN
 from policies import params_text
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import (
+    ANY_POOL,
     AlertsReply,
     FailureGroupInfo,
     MetricsReply,
@@ -81,7 +82,7 @@ def dashboard_url(address: str, token: str) -> str:
 
 def _pool_label(name: str) -> str:
     """A pool's name on the page: ``*`` holds the tasks submitted without ``pool=``."""
-    return "any pool (no pool=)" if name == "*" else name
+    return "any pool (no pool=)" if name == ANY_POOL else name
 
 
 def _worker(
@@ -133,9 +134,9 @@ def build_snapshot(
     # ready tasks of no pool (submitted without pool=): counted once, in "*" ("any
     # pool"), as /metrics counts them; each pool's row says how many its workers may
     # take beside its own (the scale audit: a pool read "0 queued" over 27k of them)
-    anywhere = metrics.pools["*"].queue_depth if "*" in metrics.pools else 0
+    anywhere = metrics.pools[ANY_POOL].queue_depth if ANY_POOL in metrics.pools else 0
     pools = []
-    for name in sorted(names, key=lambda n: (n == "*", n)):
+    for name in sorted(names, key=lambda n: (n == ANY_POOL, n)):
         m = metrics.pools.get(name)
         b = metrics.blocks.get(name)
         mine = [w for w in workers if w["pool"] == name]
@@ -146,7 +147,7 @@ def build_snapshot(
                 "name": name,
                 "label": _pool_label(name),
                 "queue_depth": m.queue_depth if m is not None else 0,
-                "any_pool_queued": anywhere if name != "*" else 0,
+                "any_pool_queued": anywhere if name != ANY_POOL else 0,
                 "held_back": m.held_back if m is not None else 0,
                 "retry_held": m.retry_held if m is not None else 0,
                 "oldest_wait": m.oldest_wait if m is not None else 0.0,

@@ -1,7 +1,8 @@
 """Typed messages exchanged between actors, clients and processes.
 
-What lives here: the ``Message`` base, the registry of message types by wire name, and
-the catalogue of messages that cross an actor or process boundary. Nothing else.
+What lives here: the ``Message`` base, the registry of message types by wire name, the
+catalogue of messages that cross an actor or process boundary, and the few constants and
+helpers their fields' values follow (the pool key :data:`ANY_POOL`: :func:`pool_key`).
 
 Rules:
 
@@ -1389,6 +1390,31 @@ class AutoscalerStatus(Message):
     block_pools: dict[str, str] = dataclasses.field(default_factory=dict)
     block_workers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     last_failures: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+#: The pool key of the tasks any pool may run (those submitted without ``pool=``): the
+#: scheduler keys its per-pool counters and stalls by :func:`pool_key`, and the messages
+#: below, the metrics (``pool="*"``), the console and the dashboard carry it.
+ANY_POOL = "*"
+
+
+def pool_key(pool: str | None) -> str:
+    """The key a task's pool (``spec.pool``) is counted under: :data:`ANY_POOL` for None,
+    and for ``""`` too (``pool or "*"``: a pool named ``""``, which only a retry policy's
+    move or a worker's ``--pool ""`` can make, counts as any pool), the name otherwise."""
+    return pool or ANY_POOL
+
+
+def pool_of_key(key: str) -> str | None:
+    """The pool a pool key stands for: None (any pool) for :data:`ANY_POOL`, the pool's
+    name otherwise; ``pool_of_key(pool_key(p)) == p`` for every pool but ``""``."""
+    return None if key == ANY_POOL else key
+
+
+def pool_name(pool: str | None) -> str:
+    """A pool, or a pool key, for people: any pool (None, or its key :data:`ANY_POOL`)
+    is ``any``, as in ``stalled in pool any``."""
+    return "any" if pool is None or pool == ANY_POOL else pool
 
 
 @message()

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies import BENIGN_LOSSES, ON_PURPOSE
 from runtime.errors import MonitoringDBError, ReportOutputError, ReportRunError
-from runtime.messages import MAX_FAILURE_GROUPS_SHOWN
+from runtime.messages import ANY_POOL, MAX_FAILURE_GROUPS_SHOWN
 from runtime.monitordb import SQLITE_HEADER, open_db
 
 if TYPE_CHECKING:
@@ -1206,7 +1206,7 @@ def _queues(run: _Run) -> go.Figure:
                         subplot_titles=("ready tasks", "oldest wait (s)"))  # fmt: skip
     for (name, pool), line in sorted(run.queues.items()):
         row = 1 if name == "corral_queue_depth" else 2
-        label = "any pool" if pool == "*" else pool
+        label = "any pool" if pool == ANY_POOL else pool
         fig.add_trace(
             go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv", name=f"{label}",
                        legendgroup=pool, showlegend=row == 1),

@@ -20,7 +20,7 @@ import pytest
 
 from actors.alerts_state import DEFAULT_RULES, AlertState, Evaluate, Notify, parse_rule
 from actors.scheduler_events import DiskStallBegan, DiskStallEnded, KeyErred, TasksFinished
-from actors.scheduler_records import disk_stall_parts, pool_name
+from actors.scheduler_records import disk_stall_parts
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster, File, output_path
 from runtime.console import jsonable
@@ -98,13 +98,6 @@ def test_a_disk_stall_is_told_once_with_its_account_and_once_when_it_ends(
     m = s.pool_metrics(s._now)["*"]
     assert (m["disk_stalled"], m["disk_stalls"]) == (0, 1)  # the count stays
     assert not s.disk_stalls
-
-
-def test_any_pool_is_named_any_as_none_and_as_its_key() -> None:
-    """The disk watchdog's pools are None for any pool, the stall accounts' keys "*":
-    the log, the errors and the console call both ``any`` through one helper."""
-    assert pool_name(None) == pool_name("*") == "any"
-    assert pool_name("gpu") == "gpu"
 
 
 def test_disk_full_tries_and_failures_are_counted(make_state: Factory) -> None:

@@ -28,7 +28,7 @@ from actors.scheduler_events import (
     WorkerLeft,
     WorkerMemory,
 )
-from actors.scheduler_records import PLACEMENT_STALL_ADVICE, placement_stall_parts, pool_of_key
+from actors.scheduler_records import PLACEMENT_STALL_ADVICE, placement_stall_parts
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.console import jsonable
@@ -76,13 +76,6 @@ def submit(s: SchedulerState, now: float, keys: list[str], **attrs: Any) -> list
 
 def done(s: SchedulerState, now: float, worker: str, key: str) -> list[Any]:
     return at(s, now, TasksFinished, worker=worker, results=(result(key),))
-
-
-def test_a_pool_key_stands_for_its_pool_and_star_for_any() -> None:
-    """The watchdogs' counters are keyed by ``spec.pool or "*"``; the workers they
-    look at are found by pool, None for any: one helper turns a key back."""
-    assert pool_of_key("*") is None
-    assert pool_of_key("gpu") == "gpu"
 
 
 def test_a_task_no_worker_has_the_memory_for_is_told_once_after_the_timeout(
