@@ -893,7 +893,7 @@ def pool_warnings(rule: AlertRule, pools: Collection[str] | None) -> list[str]:
     for v in _vectors(rule.parsed):
         selector = v.selector if isinstance(v, Increase) else v
         for label, op, value in selector.matchers if isinstance(selector, Selector) else ():
-            if label != "pool" or op != "=" or value in ("*", "") or value in pools:
+            if label != "pool" or op != "=" or value in (ANY_POOL, "") or value in pools:
                 continue
             text = (
                 f"no pool {value!r} is configured (pools: {', '.join(pools)})"
@@ -1745,7 +1745,7 @@ class AlertState:
                 refuse(f" of pool {pool}: its slots per block are unknown")
                 return
             queued = (gauge("corral_queue_depth") or 0) + (
-                samples.get(("corral_queue_depth", (("pool", "*"),))) or 0
+                samples.get(("corral_queue_depth", (("pool", ANY_POOL),))) or 0
             )
             busy = gauge("corral_tasks_running") or 0
             # Blocks for all the pool's work, running and ready, the pending blocks

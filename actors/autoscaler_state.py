@@ -142,6 +142,7 @@ from typing import Any
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
 from policies.problems import POLICY_ERROR_EVERY, PolicyProblems
 from policies.scaling import DELAYS_KEPT, HISTORY, LoadView, PoolLimits
+from runtime.messages import ANY_POOL
 from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
@@ -1334,7 +1335,7 @@ class AutoscalerState:
         if self.queued is None or self.processing is None:
             return None
         running = sum(self.processing.get(w, 0) for b in self.live(pool) for w in b.workers)
-        return self.queued.get(pool, 0) + self.queued.get("*", 0) + running
+        return self.queued.get(pool, 0) + self.queued.get(ANY_POOL, 0) + running
 
     def spent_at_work(self, pool: str) -> int:
         """Blocks of ``pool`` drained because their workers were sent the pool's
@@ -1352,7 +1353,7 @@ class AutoscalerState:
     def upcoming_in(self, pool: str) -> tuple[float, ...]:
         """The next wave ``pool`` may run (its own and any pool's), as last seen: the
         seconds until each task is expected to be ready, shortest first."""
-        own, anywhere = self.upcoming.get(pool, ()), self.upcoming.get("*", ())
+        own, anywhere = self.upcoming.get(pool, ()), self.upcoming.get(ANY_POOL, ())
         return tuple(sorted((*own, *anywhere))) if anywhere else own
 
     def idle_for(self, pool: str) -> tuple[float, ...]:
@@ -1367,7 +1368,7 @@ class AutoscalerState:
         policy error: the pool's last good proposal (:meth:`_policy_failed`)."""
         queued = None
         if self.queued is not None:
-            queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
+            queued = self.queued.get(ps.pool, 0) + self.queued.get(ANY_POOL, 0)
         active = self.active(ps.pool)
         target = self.target(ps.pool)
         view: PoolView = PoolView(ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued)

@@ -104,6 +104,7 @@ from runtime.graph import (
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger, json_lines
 from runtime.messages import (
+    ANY_POOL,
     AlertInfo,
     AlertsReply,
     AlertsRequest,
@@ -282,8 +283,8 @@ def _no_workers_news(
         if key in said:
             continue
         since = 0.0 if alert.active_since is None else max(0.0, now - alert.active_since)
-        pool = alert.labels.get("pool", "*")
-        why = [t for p, t in sorted((failing or {}).items()) if pool in ("*", p)]
+        pool = alert.labels.get("pool", ANY_POOL)
+        why = [t for p, t in sorted((failing or {}).items()) if pool in (ANY_POOL, p)]
         _log.warning(
             "no worker to run the ready tasks",
             manager=manager,
