@@ -64,6 +64,7 @@ from runtime.errors import (
     ActorStopped,
     AddressInUse,
     AskTimeout,
+    AuthenticationFailed,
     ClusterAlreadyStarted,
     ClusterClosed,
     ConnectFailed,
@@ -1884,7 +1885,10 @@ class Cluster:
         )
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
-        conn = await connect(address, **options)
+        try:
+            conn = await connect(address, **options)
+        except AuthenticationFailed as exc:
+            raise self._token_refused(address, exc) from None
         try:
             name = await self._hello(conn, address, self.manager_timeout)
         except BaseException:
@@ -2038,17 +2042,7 @@ class Cluster:
             "(CORRAL_HOME is ~/.corral unless set; HOST and PORT those of the address it "
             "listens on; or the file its --token-file names)"
         )
-        if self.token:
-            given = "This client presented the token it was given (token=...)"
-        elif self.token_file is not None:
-            given = f"This client presented the token of its token_file={self.token_file!r}"
-        elif os.environ.get("CORRAL_TOKEN"):
-            given = (
-                "This client presented CORRAL_TOKEN from the environment (it wins over the "
-                "token file)"
-            )
-        else:
-            given = "This client presented the manager's read token"
+        given = self._presented("This client presented the manager's read token")
         return (
             f"{given}: pass the submit token instead (the admin token, if you are the "
             "cluster's operator), as token=... or CORRAL_TOKEN. It is the 'submit' entry "
@@ -2056,6 +2050,64 @@ class Cluster:
             "for it), where the read token is the 'read' entry. To only look, use the "
             f"console: python -m runtime console {address} --read-only"
         )
+
+    def _presented(self, local: str) -> str:
+        """Where the token this client presented came from: ``token=``, ``token_file=``,
+        ``CORRAL_TOKEN``, else ``local`` (the manager's token file on this machine)."""
+        if self.token:
+            return "This client presented the token it was given (token=...)"
+        if self.token_file is not None:
+            path = os.fspath(self.token_file)
+            return f"This client presented the token of its token_file={path!r}"
+        if os.environ.get("CORRAL_TOKEN"):
+            return (
+                "This client presented CORRAL_TOKEN from the environment (it wins over the "
+                "token file)"
+            )
+        return local
+
+    def _token_refused(self, address: str, exc: AuthenticationFailed) -> AuthenticationFailed:
+        """The manager's listener refused this client's token in the handshake (HTTP 401
+        or 403): the likely cause, where the token came from and what to put there (the
+        submit token), as a worker's (``worker_token_refused``) and a console's refusals
+        say it."""
+        from runtime.node import token_path
+
+        if self.token:
+            fix = ": pass the manager's current submit token"
+        elif self.token_file is not None:
+            fix = (
+                " (its 'admin' entry, if it is a manager's token file): write the manager's "
+                "current submit token in it"
+            )
+        elif os.environ.get("CORRAL_TOKEN"):
+            fix = ": set it to the manager's current submit token, or unset it"
+        else:
+            fix = (
+                ": stale if that manager was restarted since, or another manager's if this one "
+                "runs elsewhere (another machine, another CORRAL_HOME or --token-file): pass "
+                "the manager's current submit token as token_file= or token="
+            )
+        local = (
+            f"This client presented the admin token of {token_path(address)}, where a "
+            "manager listening at that address on this machine writes its tokens"
+        )
+        hint = (
+            f"{self._presented(local)}{fix}. A client (Cluster, runtime.get) needs the "
+            "submit token, the 'submit' entry of the manager's token file "
+            "($CORRAL_HOME/tokens/HOST_PORT.json of the manager's user on its machine, "
+            "CORRAL_HOME being ~/.corral unless set, or the file its --token-file names), "
+            "or the admin token if you are the cluster's operator: ask the operator for "
+            "the current one (a manager makes new tokens each time it starts, unless it "
+            "runs with --keep-tokens: docs/security.md#keeping-tokens-across-restarts)."
+        )
+        why = (
+            "the manager refused this client's token (HTTP 403: it matches none of the "
+            "manager's tokens)"
+            if exc.status == 403
+            else exc.reason
+        )
+        return AuthenticationFailed(address, why, exc.status, hint)
 
     def _manager_closed(self, peer: Any) -> None:
         if self._system is None:

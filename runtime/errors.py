@@ -343,27 +343,29 @@ class AuthenticationFailed(ConnectFailed):
     """The listener refused the handshake: no token, or a token it does not know.
 
     ``status`` is the HTTP status of the refusal (401: no or malformed credentials,
-    403: the token matches none of the listener's tokens).
+    403: the token matches none of the listener's tokens). ``hint``: what to do, for
+    the kind of connection refused (a client's: ``Cluster._token_refused``); by default
+    :data:`TOKENS_HINT`.
     """
 
     status: int
 
-    def __init__(self, address: str, reason: str, status: int = 401) -> None:
-        ConnectFailed.__init__(
-            self,
-            address,
-            reason,
-            "A manager keeps its admin and read "
-            "tokens in its token file (~/.corral/tokens/HOST_PORT.json on its machine, "
-            "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start, unless "
-            "it runs with --keep-tokens) and "
-            "prints only the read token, in its dashboard URL. Command line (console, "
-            "worker): --token-file PATH (a file holding the token, mode 0600) or --token "
-            "TOKEN or CORRAL_TOKEN, else that file on this machine. Python: "
-            "Cluster(address, token_file=... or token=...), connect(..., token=...): one "
-            "of the tokens the listener was started with (listen(..., tokens={token: role})).",
-        )
+    def __init__(self, address: str, reason: str, status: int = 401, hint: str = "") -> None:
+        ConnectFailed.__init__(self, address, reason, hint or TOKENS_HINT)
         self.status = self.fields["status"] = status
+
+
+#: where a manager keeps its tokens and how each kind of connection is given one: what an
+#: :class:`AuthenticationFailed` says to do unless its raiser knows better
+TOKENS_HINT = (
+    "A manager keeps its four tokens (admin, submit, worker and read) in its token file "
+    "(~/.corral/tokens/HOST_PORT.json on its machine, CORRAL_HOME/tokens/ if set, or its "
+    "--token-file; new ones at each start, unless it runs with --keep-tokens) and prints "
+    "only the read token, in its dashboard URL. Command line (console, worker): "
+    "--token-file PATH (a file holding the token, mode 0600) or --token TOKEN or "
+    "CORRAL_TOKEN, else that file on this machine. Python: Cluster(address, "
+    "token_file=... or token=...) or CORRAL_TOKEN, else that file on this machine."
+)
 
 
 class PermissionDenied(CorralError):

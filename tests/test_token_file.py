@@ -277,7 +277,7 @@ async def test_workers_consoles_and_a_client_take_the_token_from_a_file(
                 async with Cluster(address, token_file=read, manager_alerts=None):
                     pass
         said = str(refused.value)
-        assert f"This client presented the token of its token_file={read!r}" in said, said
+        assert f"This client presented the token of its token_file={str(read)!r}" in said, said
 
         code, out = await run(once, "--token-file", str(tokens_json), "drain", "b")
         assert code == 0, out
@@ -562,3 +562,66 @@ async def test_a_worker_refused_at_its_start_says_why_and_what_to_do(tmp_path: P
             ) in out, out
             assert "started with --keep-tokens keeps its tokens across restarts" in out, out
             assert WRONG not in out, out
+
+
+@pytest.mark.anyio
+async def test_a_client_refused_its_token_says_where_it_came_from_and_to_use_the_submit_token(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A client whose token the manager does not know (a restart made new ones, say) got
+    the listener's generic 403 text, which named only the admin and read tokens and
+    ended with the transport's listen(..., tokens=...): now it says, as a worker's and a
+    console's refusals do, where its token came from (token=, token_file=, CORRAL_TOKEN,
+    the manager's token file on this machine) and that a client needs the submit token
+    (audit ops F4)."""
+    from runtime import AuthenticationFailed
+    from tests.helpers import free_port_between
+
+    port = free_port_between(50000, 50499)
+    address = f"ws://127.0.0.1:{port}"
+    elsewhere = tmp_path / "elsewhere"  # as on another machine: no token file to find
+    stale = token_file(tmp_path / "stale.token", "f" * 64)
+    local = elsewhere / "tokens" / f"127.0.0.1_{port}.json"
+    needs = (
+        "A client (Cluster, runtime.get) needs the submit token, the 'submit' entry of the "
+        "manager's token file ($CORRAL_HOME/tokens/HOST_PORT.json of the manager's user on "
+        "its machine, CORRAL_HOME being ~/.corral unless set, or the file its --token-file "
+        "names), or the admin token if you are the cluster's operator: ask the operator for "
+        "the current one (a manager makes new tokens each time it starts, unless it runs "
+        "with --keep-tokens: docs/security.md#keeping-tokens-across-restarts)."
+    )
+    refused = (
+        f"could not connect to {address}: the manager refused this client's token (HTTP "
+        "403: it matches none of the manager's tokens). "
+    )
+    cases = [
+        ({"token_file": stale}, {}, f"This client presented the token of its token_file="
+         f"{str(stale)!r} (its 'admin' entry, if it is a manager's token file): write the "
+         "manager's current submit token in it. "),
+        ({"token": WRONG}, {}, "This client presented the token it was given (token=...): "
+         "pass the manager's current submit token. "),
+        ({}, {"CORRAL_TOKEN": WRONG}, "This client presented CORRAL_TOKEN from the "
+         "environment (it wins over the token file): set it to the manager's current submit "
+         "token, or unset it. "),
+        ({}, {}, f"This client presented the admin token of {local}, where a manager "
+         "listening at that address on this machine writes its tokens: stale if that "
+         "manager was restarted since, or another manager's if this one runs elsewhere "
+         "(another machine, another CORRAL_HOME or --token-file): pass the manager's current "
+         "submit token as token_file= or token=. "),
+    ]  # fmt: skip
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        await run(cli.line_with, manager, "manager listening on")
+        local.parent.mkdir(parents=True)
+        token_file(local, json.dumps({"admin": WRONG, "read": "e" * 64}))
+        for kwargs, env, says in cases:
+            with monkeypatch.context() as patch:  # undone before Cli restores CORRAL_HOME
+                patch.setenv("CORRAL_HOME", str(elsewhere))
+                patch.delenv("CORRAL_TOKEN", raising=False)
+                for name, value in env.items():
+                    patch.setenv(name, value)
+                with pytest.raises(AuthenticationFailed) as caught:
+                    async with Cluster(address, manager_alerts=None, **kwargs):
+                        pass
+            assert str(caught.value) == refused + says + needs
+            assert caught.value.status == 403 and WRONG not in str(caught.value)
