@@ -1149,13 +1149,14 @@ class Tokens:
             )  # fmt: skip
         except FileNotFoundError:
             give = give or GIVE_TOKEN_CLI
+            which = TOKEN_TO_COPY.get(give, "the admin token")
             port = path.stem.rpartition("_")[2]
             others = sorted(p.name for p in path.parent.glob(f"*_{port}.json")) if port else []
             here = (
                 f" This machine has token files for that port under other host names: "
                 f"{', '.join(others)} (a file is named after the address the manager "
-                "listened on: use that host in the address, or pass the admin token from "
-                f"the file {give})."
+                f"listened on: use that host in the address, or pass {which} from the file "
+                f"{give})."
                 if others
                 else ""
             )
@@ -1169,8 +1170,8 @@ class Tokens:
                 "the address it listens on (or at its --token-file), on its machine, for "
                 "its user, under $CORRAL_HOME/tokens (default ~/.corral/tokens: a manager "
                 "started with CORRAL_HOME set wrote them under that directory, so set the "
-                f"same CORRAL_HOME here).{here} Otherwise copy the admin token from that "
-                f"file on the manager's machine and pass it {give}{look}"
+                f"same CORRAL_HOME here).{here} Otherwise copy {which} from that file on the "
+                f"manager's machine and pass it {give}{look}"
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CorralError(f"token file {path} is not valid: {exc}") from exc
@@ -1218,6 +1219,14 @@ GIVE_TOKEN_PY = (
     "as token= (or the path of a file holding it as token_file=) to Cluster(address, ...) "
     "or runtime.get(..., address=...), or set CORRAL_TOKEN"
 )
+
+#: the token of a manager's token file to copy, for how it is given (a ``give`` above):
+#: a worker's, a client's; a console's (:data:`GIVE_TOKEN_CLI`): the admin token
+TOKEN_TO_COPY = {
+    GIVE_TOKEN_WORKER: "the worker token (its 'worker' entry)",
+    GIVE_TOKEN_PY: "the submit token (its 'submit' entry; the admin token if you are the "
+    "cluster's operator)",
+}
 
 
 def token_path(address: str) -> Path:
@@ -1335,7 +1344,7 @@ def find_token(
     as for :meth:`Tokens.read_file`)."""
     check_one_token(token, token_file)
     if token_file is not None:
-        return read_token_file(token_file, role)
+        return read_token_file(token_file, role, give)
     if token:
         return token
     if os.environ.get("CORRAL_TOKEN"):
@@ -1406,7 +1415,7 @@ def check_one_token(token: str | None, token_file: str | os.PathLike[str] | None
         )
 
 
-def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
+def read_token_file(path: str | os.PathLike[str], role: str = "admin", give: str = "") -> str:
     """The token in the file at ``path`` (``--token-file`` of a worker or console,
     ``Cluster(address, token_file=...)``; ``~`` is expanded): its text less the
     whitespace around it, one word; or, from a manager's own token file
@@ -1418,16 +1427,22 @@ def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
     directory, unreadable, open to other users (any permission for group or others:
     ``chmod 600``, as ssh asks of a private key), empty, more than one word, larger
     than :data:`TOKEN_FILE_LIMIT`, or JSON without that entry. The error never quotes
-    the file's text."""
+    the file's text; it says to write the ``role`` token there, a Python client's
+    (``give``: :data:`GIVE_TOKEN_PY`) the submit token, or the operator's admin token."""
     import shlex
     import stat
 
     shown = os.fspath(path)
     quoted = shlex.quote(shown)
+    asked, operator = (
+        ("submit", "; its 'admin' entry if you are the cluster's operator")
+        if give == GIVE_TOKEN_PY
+        else (role, "")
+    )
     fix = (
-        f"write the manager's {role} token in it (the {role!r} entry of the manager's own "
-        "token file, ~/.corral/tokens/HOST_PORT.json on its machine), readable by you "
-        f"only (chmod 600 {quoted})"
+        f"write the manager's {asked} token in it (the {asked!r} entry of the manager's own "
+        f"token file, ~/.corral/tokens/HOST_PORT.json on its machine{operator}), readable by "
+        f"you only (chmod 600 {quoted})"
     )
 
     def refuse(problem: str) -> TokenFileError:

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 import runtime.node as node
-from runtime import Cluster, PermissionDenied, TokenFileError
+from runtime import Cluster, CorralError, PermissionDenied, TokenFileError
 from runtime.__main__ import main
 from tests.helpers import Cli
 
@@ -95,6 +95,39 @@ def test_a_missing_file_is_refused_saying_what_to_put_there(tmp_path: Path) -> N
     text = refusal(tmp_path / "nope")
     assert "no such file; write the manager's admin token in it" in text, text
     assert f"chmod 600 {tmp_path / 'nope'}" in text, text
+
+
+def test_a_missing_file_names_the_token_of_the_role_that_reads_it(tmp_path: Path) -> None:
+    """A worker is told to write the worker token, a Python client the submit token (or
+    the operator's admin token), a console the admin or read token it reads; each was
+    told the admin token (audit ops F6), which would spread it to workers and to every
+    person sharing the manager. So is the missing token file of the manager on this
+    machine (``Tokens.read_file``)."""
+    where = "(the {0!r} entry of the manager's own token file, ~/.corral/tokens/HOST_PORT.json"
+    missing = tmp_path / "nope"
+    said = refusal(missing, "worker")
+    assert "no such file; write the manager's worker token in it " + where.format("worker") in said
+    said = refusal(missing, "read")
+    assert "no such file; write the manager's read token in it " + where.format("read") in said
+    with pytest.raises(TokenFileError) as caught:
+        node.find_token("ws://h:1", None, token_file=missing, give=node.GIVE_TOKEN_PY)
+    assert (
+        "no such file; write the manager's submit token in it "
+        + where.format("submit")
+        + " on its machine; its 'admin' entry if you are the cluster's operator), readable by "
+        f"you only (chmod 600 {missing})"
+    ) in str(caught.value), caught.value
+    file = tmp_path / "127.0.0.1_8786.json"
+    copies = {
+        node.GIVE_TOKEN_WORKER: "copy the worker token (its 'worker' entry) from that file",
+        node.GIVE_TOKEN_PY: "copy the submit token (its 'submit' entry; the admin token if you "
+        "are the cluster's operator) from that file",
+        node.GIVE_TOKEN_CLI: "copy the admin token from that file",
+    }
+    for give, copy in copies.items():
+        with pytest.raises(CorralError) as info:
+            node.Tokens.read_file(file, give)
+        assert f"Otherwise {copy} on the manager's machine and pass it {give}" in str(info.value)
 
 
 def test_a_relative_missing_path_names_the_working_directory(
@@ -438,10 +471,11 @@ async def test_a_console_and_a_worker_at_a_port_where_nothing_listens_say_so(
         assert proc.wait(LIMIT) == 1, out
         assert f"error: CorralError: no token file at {home / 'tokens'}" in out, out
         assert (
-            "copy the admin token from that file on the manager's machine and pass it to this "
-            "worker in a file readable by you only (chmod 600) with --token-file PATH (or set "
-            "CORRAL_TOKEN); a worker needs the worker token (that file's 'worker' entry: the "
-            "better choice) or the admin token, not the read token"
+            "copy the worker token (its 'worker' entry) from that file on the manager's "
+            "machine and pass it to this worker in a file readable by you only (chmod 600) "
+            "with --token-file PATH (or set CORRAL_TOKEN); a worker needs the worker token "
+            "(that file's 'worker' entry: the better choice) or the admin token, not the read "
+            "token"
         ) in out, out
         assert "--token " not in out and "to look only" not in out, out
 
@@ -513,6 +547,10 @@ async def test_a_python_client_with_no_token_file_is_told_of_token_not_the_cli_f
         assert "or set CORRAL_TOKEN" in text and "set the same CORRAL_HOME here" in text, text
         assert "--token " not in text and "--token)" not in text, text
         assert "read token" not in text, text
+        assert (
+            "Otherwise copy the submit token (its 'submit' entry; the admin token if you are "
+            "the cluster's operator) from that file on the manager's machine"
+        ) in text, text
 
 
 @pytest.mark.anyio
