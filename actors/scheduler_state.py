@@ -286,6 +286,7 @@ from policies import (
     RetryPolicy,
     SpeculationPolicy,
     WalltimeLoss,
+    params_of,
 )
 from policies.problems import PolicyProblems
 from policies.survival import Survival, kaplan_meier
@@ -3224,8 +3225,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 err = TaskLongerThanWalltime(
                     str(ts.key), wid, loss.pool, loss.ran, loss.walltime, loss.drain, len(ts.tries)
                 )
-            else:
-                err = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
+            else:  # which knob to turn: the policy in force and the task's budget say
+                policy = self.policies["retry"]
+                err = WorkerLost(
+                    str(ts.key), wid, cause or "unknown", len(ts.tries),
+                    str(getattr(policy, "name", type(policy).__name__)), params_of(policy),
+                    ts.retries_left,
+                )  # fmt: skip
         else:
             err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
             if outcome == "disk-full":

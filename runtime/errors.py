@@ -661,18 +661,68 @@ class CancelledError(CorralError):
 
 
 class WorkerLost(CorralError):
-    """A task could not finish because the workers running it were lost too often."""
+    """A task could not finish because the workers running it were lost too often.
 
-    def __init__(self, key: str, worker: str, cause: str, tries: int) -> None:
+    ``policy`` and ``params``: the retry policy in force that decided so (its name, and
+    the parameters it was set with, each value's ``repr``: ``policies.params_of``);
+    ``retries_left``: the task's own ``retries=`` budget left. The text says which knob
+    to turn: ``retries=`` on the submission when the policy charged the losses to that
+    budget (``charge_lost=True``) and it is spent, else the policy's ``max_lost``; and
+    that changing the policy, the manager's for every client, takes the admin token."""
+
+    def __init__(
+        self,
+        key: str,
+        worker: str,
+        cause: str,
+        tries: int,
+        policy: str = "",
+        params: Mapping[str, str] | None = None,
+        retries_left: int | None = None,
+    ) -> None:
+        params = dict(params or {})
+        shown = ", ".join(f"{k}={v}" for k, v in params.items())
+        with_ = f"with {shown}" if shown else "its defaults"
+        in_force = f" (the retry policy in force: {policy!r}, {with_})" if policy else ""
+        charged = params.get("charge_lost") == "True" and (retries_left or 0) <= 0
+        call: dict[str, str] = {}
+        if policy not in ("", "default"):  # its own knobs; the default one retries losses free
+            advice = ""
+        elif charged:
+            call = {k: v for k, v in params.items() if k != "charge_lost"}
+            advice = (
+                "; that policy charges each loss to the task's own retries= budget "
+                "(charge_lost=True), which was spent: submit the task with a larger one "
+                "(retries=N to submit, map or compute, or dask.annotate(retries=N)), or ask "
+                "the operator to turn charge_lost off"
+            )
+        else:
+            now = params.get("max_lost", "")
+            raised = max(20, 2 * int(now)) if now.isdigit() else 20
+            call = {**params, "max_lost": str(raised)}
+            advice = (
+                ", or have the retry policy's limit for infrastructure losses raised (its "
+                f"max_lost, {f'now {now}' if now else 'at its default'})"
+            )
+        args = "".join(f", {k}={v}" for k, v in call.items())
+        words = "".join(f" {k}={v}" for k, v in call.items())
+        how = (
+            f"await cluster.set_policy('retry', 'default'{args}), or in the console policy "
+            f"set retry default{words}"
+        )
         super().__init__(
             f"task {key!r} was lost with worker {worker!r} ({cause}) and will not be retried "
-            f"after {tries} tries. Check the workers' logs and resources, or raise the "
-            "retry policy's limit for infrastructure losses (the default policy's max_lost: "
-            "await cluster.set_policy('retry', 'default', max_lost=20)).",
+            f"after {tries} {'try' if tries == 1 else 'tries'}{in_force}. Check the workers' "
+            f"logs and resources{advice}. The retry policy is the manager's, for all its "
+            f"clients, and setting it takes the admin token, the operator's ({how}): with "
+            "the submit token, ask the operator.",
             key=key,
             worker=worker,
             cause=cause,
             tries=tries,
+            policy=policy,
+            params=params,
+            retries_left=retries_left,
         )
 
 

@@ -352,6 +352,48 @@ def test_a_task_lost_too_often_fails_with_worker_lost(make_state: Factory) -> No
     assert (err.key, err.worker, err.cause, err.tries) == ("a", "w2", "walltime", 3)
     assert ke.root == "a" and ke.root_error is err
     assert [t.outcome for t in s.tasks["a"].tries] == ["worker-lost"] * 3
+    # the knob in force, and that turning it is the operator's (the admin token's)
+    assert str(err) == (
+        "task 'a' was lost with worker 'w2' (walltime) and will not be retried after 3 tries "
+        "(the retry policy in force: 'default', with max_lost=2). Check the workers' logs and "
+        "resources, or have the retry policy's limit for infrastructure losses raised (its "
+        "max_lost, now 2). The retry policy is the manager's, for all its clients, and "
+        "setting it takes the admin token, the operator's (await cluster.set_policy('retry', "
+        "'default', max_lost=20), or in the console policy set retry default max_lost=20): "
+        "with the submit token, ask the operator."
+    )
+
+
+def test_a_loss_charged_to_a_spent_budget_says_to_give_retries_not_to_raise_max_lost(
+    make_state: Factory,
+) -> None:
+    """With ``charge_lost=True`` (set live by an operator, say) a loss spends the task's
+    ``retries=`` budget, and a task with none left fails at its first loss: the advice
+    to raise ``max_lost`` (with ``set_policy``, which the submit token may not call) was
+    wrong there; it names the budget and the policy in force (audit ops F3)."""
+    s = make_state(retry=REGISTRY.create("retry", "default", {"max_lost": 2, "charge_lost": True}))
+    submit(s, {"a": []}, ["a"])
+    join(s, "w1")
+    assert on(s, "w1") == {"a"}
+    (ke,) = of(leave(s, "w1", cause="crash"), KeyErred)
+    err = ke.error
+    assert isinstance(err, WorkerLost)
+    assert (err.policy, err.params, err.retries_left) == (
+        "default",
+        {"charge_lost": "True", "max_lost": "2"},
+        0,
+    )
+    assert str(err) == (
+        "task 'a' was lost with worker 'w1' (crash) and will not be retried after 1 try (the "
+        "retry policy in force: 'default', with charge_lost=True, max_lost=2). Check the "
+        "workers' logs and resources; that policy charges each loss to the task's own "
+        "retries= budget (charge_lost=True), which was spent: submit the task with a larger "
+        "one (retries=N to submit, map or compute, or dask.annotate(retries=N)), or ask the "
+        "operator to turn charge_lost off. The retry policy is the manager's, for all its "
+        "clients, and setting it takes the admin token, the operator's (await "
+        "cluster.set_policy('retry', 'default', max_lost=2), or in the console policy set "
+        "retry default max_lost=2): with the submit token, ask the operator."
+    )
 
 
 def test_never_retry_fails_a_lost_task_at_once(make_state: Factory) -> None:
