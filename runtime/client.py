@@ -747,7 +747,8 @@ class _RemoteManager:
         if farewell is not None:
             how = getattr(farewell, "how", STOP_SIGNALS)
             return ManagerStopping(self.address, how, for_client=True)
-        return ManagerLost(self.address, self.peer.why_closed())
+        silent = self.peer.timeout if self.peer.silent else None  # it may only be stalled
+        return ManagerLost(self.address, self.peer.why_closed(), silent)
 
     @property
     def gone(self) -> bool:

@@ -1978,13 +1978,25 @@ class ManagerLost(CorralError):
     """The client's connection to the manager closed, or the manager stayed silent past
     the liveness bound: every result still pending is gone with it, and the
     ``Cluster(address)`` that lost it is closed for good (every later call raises this):
-    a new one connects to a manager running again."""
+    a new one connects to a manager running again. ``timeout``: the seconds of silence
+    after which the client gave up on a manager that sent nothing (its
+    ``manager_timeout``; None: the connection closed), which may only have stalled."""
 
-    def __init__(self, address: str, reason: str) -> None:
+    def __init__(self, address: str, reason: str, timeout: float | None = None) -> None:
+        stall = (
+            ""
+            if timeout is None
+            else "The manager may still be running, only stalled (a long garbage collection, "
+            "swapping, a paused machine): this client gives up on a manager silent for "
+            f"{timeout:g} s; to ride out such stalls, give it longer with "
+            "Cluster(address, manager_timeout=SECONDS) (docs/deployment.md#when-the-manager-"
+            "stalls). "
+        )
         super().__init__(
-            f"lost the manager at {address}: {reason}. {_resubmit(address)}",
+            f"lost the manager at {address}: {reason}. {stall}{_resubmit(address)}",
             address=address,
             reason=reason,
+            timeout=timeout,
         )
 
 

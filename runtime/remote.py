@@ -769,6 +769,8 @@ class Peer:
         self.heartbeat = heartbeat
         self.timeout = timeout if timeout is not None else (3 * heartbeat if heartbeat else None)
         self.closed_reason = ""
+        #: this side closed the connection for the other's silence (over ``timeout``)
+        self.silent = False
         self._last_in = self._last_out = anyio.current_time()
         #: when the heartbeat loop's next check is due (None: no heartbeat loop yet)
         self._due: float | None = None
@@ -924,6 +926,7 @@ class Peer:
             if now - self._last_in > self.timeout:
                 silent = now - self._last_in
                 self.closed_reason = f"no message for {silent:.1f} s (dead peer)"
+                self.silent = True
                 _log.warning("peer silent; closing", peer=self.name, reason=self.closed_reason)
                 # The other side learns why, should it be alive (its process was paused):
                 await self.conn.aclose(

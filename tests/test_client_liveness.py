@@ -354,3 +354,43 @@ async def test_a_clean_close_drops_the_manager_s_crossing_updates_quietly(
     assert {(r.levelno, "peer='manager'" in r.getMessage()) for r in dropped} == {
         (logging.DEBUG, True)
     }, [r.getMessage() for r in dropped]
+
+
+async def test_a_client_that_gives_up_on_a_silent_manager_says_it_may_only_be_stalled(
+    tmp_path: Path,
+) -> None:
+    """A manager stalled (SIGSTOP here; a long garbage collection, swapping) past a
+    client's ``manager_timeout`` is given up on as a dead peer; the text said only to
+    wait for a manager to run there again, where the manager never stopped (audit ops
+    F8): it says the manager may still be running and names ``manager_timeout=`` to ride
+    out stalls, before the usual next step. A connection that closed does not say so."""
+    from runtime.errors import _resubmit
+
+    port = free_port_between(50000, 50499)
+    address = f"ws://127.0.0.1:{port}"
+    timeout = 4.0  # over a heartbeat's 2 s (and its 1 s check): a live manager is heard
+    stall = (
+        "The manager may still be running, only stalled (a long garbage collection, "
+        "swapping, a paused machine): this client gives up on a manager silent for 4 s; to "
+        "ride out such stalls, give it longer with Cluster(address, manager_timeout=SECONDS) "
+        "(docs/deployment.md#when-the-manager-stalls). "
+    )
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        mgr = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        await anyio.to_thread.run_sync(cli.line_with, mgr, "manager listening on")
+        async with Cluster(address, manager_timeout=timeout, manager_alerts=None) as c:
+            pending = c.submit(sum, [1, 2])  # no worker: it waits
+            mgr.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(ManagerLost) as err:
+                    await pending
+            finally:
+                mgr.send_signal(signal.SIGCONT)
+    reason = err.value.reason
+    assert reason.startswith("no message for ") and reason.endswith(" s (dead peer)"), reason
+    assert str(err.value) == f"lost the manager at {address}: {reason}. {stall}" + _resubmit(
+        address
+    )
+    assert err.value.timeout == timeout
+    closed = ManagerLost(address, "the connection closed")
+    assert "manager_timeout" not in str(closed) and closed.timeout is None
