@@ -1104,6 +1104,13 @@ def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
 PLACEMENT_STALL_ADVICE = {
     "paused": "resume its block (Slurm: scontrol resume) or let the autoscaler start others",
     "draining": "undrain it (undrain WORKER) or scale the pool out",
+    "kept": (
+        "these blocks keep outputs a waiting task needs, and hold their share of the "
+        "batch system while they do (undrain cannot take them back): release the results "
+        "the client no longer needs, set a max_blocks the partition can really run at "
+        "once beside the kept blocks, or cancel a kept block (Slurm: scancel): its "
+        "outputs are computed again"
+    ),
     "throttled": (
         "its memory is past the throttle fence: give the workers more memory "
         "(memory_per_worker, --memory), release the futures you no longer need, or let "

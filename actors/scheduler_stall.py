@@ -18,6 +18,8 @@ was placed or finished. A pool that has had ready tasks for ``stall_timeout`` se
 since then, with a connected worker (not away) that runs nothing, is *stalled*: the core
 emits :class:`PlacementStallBegan` once, with why each idle worker of the pool takes
 nothing (``PlacementStallInfo.idle``: ``paused``, its block suspended; ``draining``;
+``kept``, drained because it was sent its pool's ``tasks_per_worker`` tasks, and kept
+only for outputs still needed (no worker taking new tasks is there to copy them to);
 ``throttled``, past its memory throttle fence; ``full``, its slots counted taken by
 held threads or speculative copies; ``resources``, the first ready task asks for more
 cores or memory than it has, or it was killed for memory on one as large; ``refused``,
@@ -28,7 +30,7 @@ ready, or no idle connected worker is left (its idle workers left or went away),
 how long it lasted. Not a stall: a pool without a connected worker (the
 ``CorralNoWorkers`` alert's case), one whose workers all run tasks (they finish:
 saturation; the clock starts again), one with a worker busy whose idle workers wait
-for it (``_waits_for_busy``: each ``paused``, ``draining``, ``throttled``, or short of
+for it (``_waits_for_busy``: each ``paused``, ``draining``, ``kept``, ``throttled``, or short of
 ``resources`` a worker of the pool has: backpressure, a heterogeneous pool, a retry
 after a kill for memory waiting for the larger worker; ``refused``, ``full`` and
 resources no worker of the pool has are stalls whatever runs), and one whose ready
@@ -99,6 +101,7 @@ class PlacementWatch(CorePart):
         stalled_since: dict[str, float]
 
         def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
+        def spent(self, ws: WorkerState) -> bool: ...
 
     def _init_placement_watch(self) -> None:
         """The watchdog's own state (the core's ``__init__`` calls this)."""
@@ -212,7 +215,7 @@ class PlacementWatch(CorePart):
         task once free: a heterogeneous pool, a retry after a kill for memory waiting
         for the larger worker). ``refused``, ``full``, and resources no worker of the
         pool has are stalls whatever runs."""
-        if not reasons <= {"paused", "draining", "throttled", "resources"}:
+        if not reasons <= {"paused", "draining", "kept", "throttled", "resources"}:
             return False
         if "resources" not in reasons or head is None:
             return True
@@ -233,6 +236,13 @@ class PlacementWatch(CorePart):
         keeps of it and of the first ready task ``head`` (the module docstring)."""
         if ws.suspended:
             return "paused", "its block is suspended by the batch system"
+        if ws.draining and self.spent(ws):
+            n = len(ws.keeping or ())
+            return "kept", (
+                "it was sent its pool's tasks_per_worker tasks and stays only for "
+                f"{n} output(s) still needed (a waiting task reads them or a client "
+                "holds them)"
+            )
         if ws.draining:
             return "draining", "it drains: it takes no new task"
         if ws.throttled:

@@ -1473,10 +1473,13 @@ class PlacementStallInfo(Message):
 
 
 #: why an idle worker of a stalled pool takes nothing (``PlacementStallInfo.idle``):
-#: its block is suspended; it drains; it is past its memory throttle fence; the
+#: its block is suspended; it drains; it was sent its pool's tasks_per_worker tasks and
+#: is kept only for outputs still needed; it is past its memory throttle fence; the
 #: scheduler counts its slots as taken; the first ready task asks for more cores or
 #: memory than it has; the placement rules or a policy kept the tasks off it
-PLACEMENT_STALL_REASONS = ("paused", "draining", "throttled", "full", "resources", "refused")
+PLACEMENT_STALL_REASONS = (
+    "paused", "draining", "kept", "throttled", "full", "resources", "refused",
+)  # fmt: skip
 
 
 @message()

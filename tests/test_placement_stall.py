@@ -362,3 +362,45 @@ async def test_a_cluster_warns_of_a_task_whose_cores_no_worker_has(
     assert "1 ready tasks and an idle worker, and nothing placed or finished for 0.3 s" in line
     assert f"{worker} resources: 'wide' needs 4 cores (it has 1)" in line
     assert PLACEMENT_STALL_ADVICE["resources"] in line
+
+
+def test_a_block_kept_for_its_output_is_told_as_kept_never_to_undrain(
+    make_state: Factory,
+) -> None:
+    """tasks_per_worker 1 and a fan-in (audit checkpoint, findings 1 and 2): w1 ran a2
+    and stays only for it, since b reads it; a1 waits for a fresh block that does not
+    come (the batch system has no room). The stall names w1 ``kept``, and its advice
+    says what helps; never ``undrain``, which refuses such a worker."""
+    s = make_state(tasks_per_worker={"fresh": 1})
+    at(s, 1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="fresh",
+       block="fresh/block-1")  # fmt: skip
+    specs = specs_for(
+        s, {"a1": (), "a2": (), "b": ("a1", "a2")}, ["b"],
+        attrs={k: {"pool": "fresh"} for k in ("a1", "a2", "b")},
+    )  # fmt: skip
+    assert assigned(at(s, 2.0, GraphSubmitted, specs=specs, wanted=("b",))) == {"w1": ["a2"]}
+    done(s, 5.0, "w1", "a2")
+    assert s.undrain_refusal(s.workers["w1"]) == "it was sent its pool's tasks_per_worker tries"
+    assert not of(tick(s, 14.9), PlacementStallBegan)
+    (began,) = of(tick(s, 15.0), PlacementStallBegan)
+    stall = began.stall
+    assert (stall.pool, stall.since, stall.queued, stall.workers, stall.head) == (
+        "fresh", 5.0, 1, ("w1",), "'a1'",
+    )  # fmt: skip
+    assert stall.idle == (
+        (
+            "w1",
+            "kept",
+            "it was sent its pool's tasks_per_worker tasks and stays only for 1 output(s) "
+            "still needed (a waiting task reads them or a client holds them)",
+        ),
+    )
+    advice = placement_stall_parts(began.stall)["advice"]
+    assert advice == (
+        "kept: these blocks keep outputs a waiting task needs, and hold their share of "
+        "the batch system while they do (undrain cannot take them back): release the "
+        "results the client no longer needs, set a max_blocks the partition can really "
+        "run at once beside the kept blocks, or cancel a kept block (Slurm: scancel): "
+        "its outputs are computed again"
+    )
+    assert "undrain WORKER" not in advice
