@@ -1106,7 +1106,9 @@ PLACEMENT_STALL_ADVICE = {
     "draining": "undrain it (undrain WORKER) or scale the pool out",
     "kept": (
         "these blocks keep outputs a waiting task needs, and hold their share of the "
-        "batch system while they do (undrain cannot take them back): release the results "
+        "batch system while they do (undrain cannot take them back; two or more gather "
+        "their outputs up to checkpoint_inline_bytes on one, and the others end): "
+        "release the results "
         "the client no longer needs, set a max_blocks the partition can really run at "
         "once beside the kept blocks, or cancel a kept block (Slurm: scancel): its "
         "outputs are computed again"

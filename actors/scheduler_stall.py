@@ -102,6 +102,7 @@ class PlacementWatch(CorePart):
 
         def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
         def spent(self, ws: WorkerState) -> bool: ...
+        def _copy_off(self, ws: WorkerState, keys: set[TaskState], *, to: WorkerState) -> None: ...
 
     def _init_placement_watch(self) -> None:
         """The watchdog's own state (the core's ``__init__`` calls this)."""
@@ -161,6 +162,30 @@ class PlacementWatch(CorePart):
             reasons = ", ".join(sorted({r for _, r, _ in stall.idle}))
             self._log("-", "placement", f"stalled in pool {pool_name(key)}: {reasons}")
             self._out.append(PlacementStallBegan(self._stimulus, stall))
+            self._gather_kept(stall)
+
+    def _gather_kept(self, stall: PlacementStallInfo) -> None:
+        """A stalled pool with idle workers ``kept`` for their outputs (drained by its
+        ``tasks_per_worker``, no worker taking new tasks to copy them to): each kept
+        worker's outputs, when every one is at most ``checkpoint_inline_bytes``, are
+        copied to the kept worker of the lowest id (which then keeps them: the lowest
+        id of the draining holders keeps an output), so the others are retired and
+        their blocks end, freeing their share of the batch system for the fresh
+        blocks the pool waits for (audit checkpoint, finding 1). Once per stall."""
+        kept = [self.workers[w] for w, why, _ in stall.idle if why == "kept"]
+        if len(kept) < 2:
+            return
+        to, *others = sorted(kept, key=_id)
+        bound = self.config.checkpoint_inline_bytes
+        for ws in others:
+            keys = ws.keeping or set()
+            if not keys or any(ts.nbytes > bound for ts in keys):
+                continue
+            self._log(
+                ws.id, "draining",
+                f"kept outputs gathered on {to.id} (its pool stalled): its block may end",
+            )  # fmt: skip
+            self._copy_off(ws, keys, to=to)
 
     def _placement_stall_ended(self, key: str, why: str) -> None:
         stall = self.placement_stalls.pop(key)

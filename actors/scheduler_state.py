@@ -2294,7 +2294,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         return True
 
     def _copy_off(
-        self, ws: WorkerState, keys: set[TaskState], going: tuple[WorkerState, ...] = ()
+        self,
+        ws: WorkerState,
+        keys: set[TaskState],
+        going: tuple[WorkerState, ...] = (),
+        to: WorkerState | None = None,
     ) -> None:
         """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that
         takes new tasks and has room for it, the one holding the fewest bytes; none
@@ -2303,8 +2307,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         as a :class:`Replicate` (the one copy path), but it is an *evacuation*
         (``evacuating``): not a replica; it counts as an evacuation when it lands
         (:meth:`_evacuated`), as are the copies off a worker that leaves. ``going``:
-        leaving workers whose blocks' workers take none of them (:meth:`_survivors`)."""
-        targets = self._survivors(*going)
+        leaving workers whose blocks' workers take none of them (:meth:`_survivors`).
+        ``to``: that worker instead, if it has room (a kept worker gathering the kept
+        outputs of its pool, :meth:`~actors.scheduler_stall.PlacementWatch._gather_kept`)."""
+        targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
         held = self._held_and_coming(targets)
@@ -3688,6 +3694,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     continue
                 self._evacuated(ts, source, ws, took)
                 self._log(key, "memory", f"evacuated:{ws.id}")
+                if ws.keeping is not None and self._keeps(ts, ws.id):
+                    ws.keeping.add(ts)  # a draining worker keeps what it gathered
                 self._pass_on(ts, ws, self.workers.get(source))
                 continue
             self._add_replica(ts, ws)

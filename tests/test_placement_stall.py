@@ -18,10 +18,14 @@ import pytest
 
 from actors.scheduler_events import (
     DiskStallBegan,
+    Execute,
     GraphSubmitted,
     KeyErred,
     PlacementStallBegan,
     PlacementStallEnded,
+    ReplicasCopied,
+    Replicate,
+    RetireWorker,
     TasksFinished,
     WorkerAway,
     WorkerJoined,
@@ -398,9 +402,75 @@ def test_a_block_kept_for_its_output_is_told_as_kept_never_to_undrain(
     advice = placement_stall_parts(began.stall)["advice"]
     assert advice == (
         "kept: these blocks keep outputs a waiting task needs, and hold their share of "
-        "the batch system while they do (undrain cannot take them back): release the "
-        "results the client no longer needs, set a max_blocks the partition can really "
+        "the batch system while they do (undrain cannot take them back; two or more "
+        "gather their outputs up to checkpoint_inline_bytes on one, and the others end): "
+        "release the results the client no longer needs, set a max_blocks the partition can really "
         "run at once beside the kept blocks, or cancel a kept block (Slurm: scancel): "
         "its outputs are computed again"
     )
     assert "undrain WORKER" not in advice
+
+
+def fan_in_on_fresh_blocks(s: SchedulerState, workers: list[str]) -> dict[str, list[str]]:
+    """Pool ``fresh`` (tasks_per_worker 1) with ``workers`` joined, one block each, and
+    a1, a2, a3 -> b submitted at 2.0: what each worker was sent."""
+    for n, w in enumerate(workers, 1):
+        at(s, float(n) / 10, WorkerJoined, worker=w, cores=1, memory=GB, pool="fresh",
+           block=f"fresh/block-{n}")  # fmt: skip
+    keys = ("a1", "a2", "a3", "b")
+    specs = specs_for(
+        s, {"a1": (), "a2": (), "a3": (), "b": ("a1", "a2", "a3")}, ["b"],
+        attrs={k: {"pool": "fresh"} for k in keys},
+    )  # fmt: skip
+    return assigned(at(s, 2.0, GraphSubmitted, specs=specs, wanted=("b",)))
+
+
+def test_kept_blocks_of_a_stalled_pool_gather_their_small_outputs_on_one_and_end(
+    make_state: Factory,
+) -> None:
+    """Audit checkpoint, finding 1: two one-task blocks ran a producer each and are
+    kept for b, a fan-in; the third waits for a fresh block the partition cannot start while
+    they hold it. Once the pool stalls (``stall_timeout``), w2's small output is copied
+    to w1 (the kept worker of the lowest id), w2 is retired (its block ends: room for
+    a fresh one), and w1 keeps both. The fresh worker runs the third, the next one b,
+    reading the first two from w1; then w1 is retired too. Nothing is computed twice."""
+    s = make_state(tasks_per_worker={"fresh": 1})
+    sent = fan_in_on_fresh_blocks(s, ["w1", "w2"])
+    (x,), (y,) = sent["w1"], sent["w2"]
+    (z,) = {"a1", "a2", "a3"} - {x, y}
+    done(s, 5.0, "w1", x)
+    done(s, 5.0, "w2", y)
+    cmds = tick(s, 15.0)
+    (began,) = of(cmds, PlacementStallBegan)
+    assert [why for _, why, _ in began.stall.idle] == ["kept", "kept"]
+    assert cmds[1:] == [Replicate(cmds[0].stimulus_id, "w1", "w2", ((y, 100),))]
+    assert ("w2", "draining", "kept outputs gathered on w1 (its pool stalled): its block "
+            "may end") in [e[:3] for e in s.story("w2")]  # fmt: skip
+    assert not of(tick(s, 16.0), Replicate)  # once per stall
+    cmds = at(s, 17.0, ReplicasCopied, worker="w1", asked=(y,), got=(y,))
+    assert of(cmds, RetireWorker) == [RetireWorker(cmds[0].stimulus_id, "w2", "drained")]
+    assert s.workers["w1"].keeping == {s.tasks[x], s.tasks[y]}
+    at(s, 18.0, WorkerLeft, worker="w2")
+    (run3,) = of(at(s, 30.0, WorkerJoined, worker="w3", cores=1, memory=GB, pool="fresh",
+                    block="fresh/block-3"), Execute)  # fmt: skip
+    assert [t.key for t in run3.tasks] == [z]
+    done(s, 31.0, "w3", z)
+    (run4,) = of(at(s, 40.0, WorkerJoined, worker="w4", cores=1, memory=GB, pool="fresh",
+                    block="fresh/block-4"), Execute)  # fmt: skip
+    assert [(t.key, dict(t.deps)) for t in run4.tasks] == [
+        ("b", {x: ("w1",), y: ("w1",), z: ("w3",)})
+    ]
+    cmds = done(s, 41.0, "w4", "b")
+    assert sorted(c.worker for c in of(cmds, RetireWorker)) == ["w1", "w3"]
+    assert [len(s.tasks[k].tries) for k in ("a1", "a2", "a3", "b")] == [1, 1, 1, 1]
+
+
+def test_a_kept_output_past_the_inline_bound_stays_where_it_is(make_state: Factory) -> None:
+    """Only small outputs (``checkpoint_inline_bytes``) are gathered: a kept worker
+    holding a larger one stays, and the stall's advice says what helps."""
+    s = make_state(tasks_per_worker={"fresh": 1}, checkpoint_inline_bytes=1000)
+    sent = fan_in_on_fresh_blocks(s, ["w1", "w2"])
+    at(s, 5.0, TasksFinished, worker="w1", results=(result(sent["w1"][0]),))
+    at(s, 5.0, TasksFinished, worker="w2", results=(result(sent["w2"][0], nbytes=1001),))
+    cmds = tick(s, 15.0)
+    assert [type(c) for c in cmds] == [PlacementStallBegan]
