@@ -979,7 +979,11 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "annotations": {
             "summary": "A block of pool {{ $labels.pool }} is not running after 10 minutes",
             "description": "The oldest block of pool {{ $labels.pool }} not running yet was "
-            "requested {{ $value }} s ago: check the batch system's queue.",
+            "requested {{ $value }} s ago: check the batch system's queue. With "
+            "tasks_per_worker, blocks kept up for outputs a waiting task reads (a placement "
+            "stall of the pool whose idle workers are kept, CorralPlacementStalled) may hold "
+            "the room it waits for: release the results you no longer need, or set a "
+            "max_blocks the partition can run beside them.",
         },
     },
     {
@@ -1083,10 +1087,14 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "description": "Pool {{ $labels.pool }} has had ready tasks and an idle worker "
             "and placed or finished nothing for a minute past the scheduler's "
             "stall_timeout. The manager's log and the console's status say why each idle "
-            "worker takes nothing (paused, draining, throttled, full, resources, refused) "
-            "and what to do: for resources, start workers with the cores and memory the "
-            "tasks ask for or lower their resources=; for throttled, more memory per "
-            "worker; for refused, read the first ready task's story.",
+            "worker takes nothing (paused, draining, kept, throttled, full, resources, "
+            "refused) and what to do: for resources, start workers with the cores and "
+            "memory the tasks ask for or lower their resources=; for throttled, more memory "
+            "per worker; for refused, read the first ready task's story; for kept (blocks "
+            "of a tasks_per_worker pool kept up for outputs a waiting task reads, which "
+            "may hold the room its pending blocks wait for), release the results you no "
+            "longer need, set a max_blocks the partition can run beside them, or cancel a "
+            "kept block (its outputs are computed again).",
         },
     },
 ]

@@ -1669,3 +1669,38 @@ def test_a_throttled_run_whose_tasks_flow_pages_for_memory_not_for_the_queue() -
         "*",
         "firing",
     ) in nobody
+
+
+def test_the_stuck_and_stalled_rules_name_blocks_kept_for_outputs() -> None:
+    """Audit checkpoint, finding 1: a tasks_per_worker pool's blocks kept up for the
+    outputs a fan-in reads hold the partition while its new blocks stay pending and its
+    ready tasks wait. The provisioning and the placement rules name them as the cause
+    and what helps."""
+    rules = {d["name"]: d for d in DEFAULT_RULES}
+    st = AlertState(
+        [parse_rule(rules[n], SAMPLE_LABELS)
+         for n in ("CorralProvisioningStuck", "CorralPlacementStalled")]
+    )  # fmt: skip
+    stuck = snap(
+        pools={"ckpt": {"queue_depth": 2, "placement_stalled": 1}},
+        blocks={"ckpt": {"states": {"pending": 2}, "oldest_pending": 700.0}},
+    )
+    st.handle(Evaluate(0.0, stuck))
+    told = {n.alert.name: n.alert for n in only(st.handle(Evaluate(60.0, stuck)), Notify)}
+    assert told["CorralProvisioningStuck"].annotations["description"] == (
+        "The oldest block of pool ckpt not running yet was requested 700 s ago: check the "
+        "batch system's queue. With tasks_per_worker, blocks kept up for outputs a waiting "
+        "task reads (a placement stall of the pool whose idle workers are kept, "
+        "CorralPlacementStalled) may hold the room it waits for: release the results you "
+        "no longer need, or set a max_blocks the partition can run beside them."
+    )
+    assert (
+        told["CorralPlacementStalled"]
+        .annotations["description"]
+        .endswith(
+            "for kept (blocks of a tasks_per_worker pool kept up for outputs a waiting task "
+            "reads, which may hold the room its pending blocks wait for), release the results "
+            "you no longer need, set a max_blocks the partition can run beside them, or cancel "
+            "a kept block (its outputs are computed again)."
+        )
+    )
