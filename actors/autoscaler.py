@@ -93,7 +93,7 @@ from runtime.messages import (
 if TYPE_CHECKING:
     from actors.scheduler import Scheduler
 
-__all__ = ["DRAIN_RETRY", "MAX_DRAIN_RETRY", "Autoscaler", "PoolTarget"]
+__all__ = ["DRAIN_RETRY", "MAX_DRAIN_RETRY", "Autoscaler", "PoolTarget", "requeue_line"]
 
 #: seconds before a drain the scheduler did not answer in time is asked again, doubled
 #: per miss up to :data:`MAX_DRAIN_RETRY` (a busy scheduler is not hurried)
@@ -166,6 +166,21 @@ def drained_for_walltime(story: Iterable[Any]) -> bool:
     in N s``), not for an operator (``draining``)."""
     since = _since_joined(story)
     return any(s.startswith("draining:walltime") for seen in since.values() for s in seen)
+
+
+def requeue_line(cmd: ReportGone) -> tuple[str, str]:
+    """The log level and line of a requeued block's report (``cmd.state`` is
+    ``requeued``): the block comes back as its next run, at info for a preemption's
+    requeue (expected, free), at warning for another (an operator's); one the pool was
+    scaling in (``scaled_in``: a one-task block of a ``tasks_per_worker`` pool, say) is
+    stopped instead, at info whatever requeued it (the pool stops it on purpose)."""
+    if cmd.scaled_in:
+        return "info", (
+            "worker block requeued: its workers are gone, and the pool stops the block "
+            "(it was being scaled in): it does not come back"
+        )
+    level = "info" if cmd.cause == "preempted" else "warning"
+    return level, "worker block requeued: its workers are gone, the block comes back"
 
 
 @dataclasses.dataclass(slots=True)
@@ -464,12 +479,10 @@ class Autoscaler(Actor):
                 self._owners.pop(cmd.block, None)
             why = {"detail": cmd.detail} if cmd.detail else {}
             if cmd.state == "requeued":  # not an end: the same job runs again
-                # a preemption's requeue is expected (and free); another is an operator's
-                log = self.log.info if cmd.cause == "preempted" else self.log.warning
-                log(
-                    "worker block requeued: its workers are gone, the block comes back",
-                    block=cmd.block, cause=cmd.cause, incarnation=cmd.incarnation,
-                )  # fmt: skip
+                level, text = requeue_line(cmd)
+                getattr(self.log, level)(
+                    text, block=cmd.block, cause=cmd.cause, incarnation=cmd.incarnation
+                )
             elif cmd.cause not in ON_PURPOSE:
                 self.log.warning(
                     "worker block ended unasked", block=cmd.block, state=cmd.state,

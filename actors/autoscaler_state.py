@@ -494,8 +494,10 @@ class UndrainWorker(Command):
 class ReportGone(Command):
     """Tell the scheduler that ``block``'s workers are gone, with ``cause``; ``state`` is
     how the block ended (``requeued``: it did not end, the batch system runs it again as
-    run ``incarnation``); ``detail``: the provider's words on it (bounded). The last
-    two are for the log: two reports are equal without them."""
+    run ``incarnation``); ``detail``: the provider's words on it (bounded);
+    ``scaled_in``: a requeued block the pool stops at once (it was being scaled in),
+    so it does not come back. The last three are for the log: two reports are equal
+    without them."""
 
     block: str
     workers: tuple[str, ...]
@@ -503,6 +505,7 @@ class ReportGone(Command):
     state: str
     detail: str = dataclasses.field(default="", compare=False)
     incarnation: int = dataclasses.field(default=1, compare=False)
+    scaled_in: bool = dataclasses.field(default=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1061,13 +1064,17 @@ class AutoscalerState:
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
         cause = "preempted" if ev.cause == "preempted" else "unknown"
+        stop = b.retiring and not b.stopping
         self._out.append(
-            ReportGone(b.block_id, b.workers, cause, "requeued", incarnation=ev.incarnation)
-        )
+            ReportGone(
+                b.block_id, b.workers, cause, "requeued", incarnation=ev.incarnation,
+                scaled_in=stop,
+            )
+        )  # fmt: skip
         self._list_end(
             BlockEnd(b.block_id, b.pool, "requeued", cause, False, self._now, ev.incarnation - 1)
         )
-        if b.retiring and not b.stopping:
+        if stop:
             # It was being scaled in: its workers of the run that ended were drained,
             # the new run's would join afresh and take tasks. Stop it instead.
             self._stop(b)

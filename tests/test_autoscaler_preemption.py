@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.autoscaler import PoolTarget, drained_since_joined
+from actors.autoscaler import PoolTarget, drained_since_joined, requeue_line
 from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
@@ -321,10 +322,13 @@ def test_a_block_whose_worker_leaves_on_its_own_still_counts() -> None:
     gone = frozenset({"w-1"})
     assert run(s, QueuesSeen(2.0, {}, {"w-1": 1}, gone, leaving=gone)) == []
     assert not s.blocks[bid].retiring and s.counts() == {"ckpt": 1}
-    assert run(s, BlockRequeued(3.0, bid, 2, "preempted")) == [
-        ReportGone(bid, ("w-1",), "preempted", "requeued")
-    ]
+    (gone,) = run(s, BlockRequeued(3.0, bid, 2, "preempted"))
+    assert gone == ReportGone(bid, ("w-1",), "preempted", "requeued")
     assert s.counts() == {"ckpt": 1} and not s.blocks[bid].retiring
+    assert not gone.scaled_in and requeue_line(gone) == (
+        "info", "worker block requeued: its workers are gone, the block comes back",
+    )  # fmt: skip
+    assert requeue_line(dataclasses.replace(gone, cause="unknown"))[0] == "warning"
 
 
 def test_a_block_preempted_while_being_scaled_in_says_preempted() -> None:
@@ -355,10 +359,14 @@ def test_every_block_the_core_stops_is_listed_with_its_cause() -> None:
     seen = QueuesSeen(2.0, {"condo": 1}, {"w-1": 1, "w-2": 0}, frozenset({"w-1"}),
                       spent=frozenset({"w-1"}))  # fmt: skip
     assert run(s, seen) == []
-    assert run(s, BlockRequeued(3.0, used, 2, "preempted")) == [
-        ReportGone(used, ("w-1",), "preempted", "requeued"),
-        StopBlock(used),
-    ]
+    out = run(s, BlockRequeued(3.0, used, 2, "preempted"))
+    assert out == [ReportGone(used, ("w-1",), "preempted", "requeued"), StopBlock(used)]
+    # Its log line does not say it comes back: the pool stops it (audit checkpoint F4).
+    assert out[0].scaled_in and requeue_line(out[0]) == (
+        "info",
+        "worker block requeued: its workers are gone, and the pool stops the block (it "
+        "was being scaled in): it does not come back",
+    )
     assert run(s, BlockStopped(3.5, used, "cancelled")) == [StartBlock(3, "condo", SPEC)]
     assert [(e.block, e.state, e.cause, e.charged) for e in s.ends] == [
         (used, "requeued", "preempted", False),
