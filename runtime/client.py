@@ -785,7 +785,9 @@ class _RemoteManager:
 
 @message(local=True)
 class _FlushReleases(Message):
-    """Client-internal: tell the manager about the keys let go since the last flush."""
+    """Client-internal: tell the manager about the keys let go since the last flush
+    while no ``submit`` call was waiting to go (those let go after one go with its
+    batch, :attr:`ClientActor.after_flush`)."""
 
 
 @message(local=True)
@@ -823,7 +825,15 @@ class ClientActor(Actor):
         #: tasks from submit() not sent yet, with their options, in the order made
         self.pending: dict[Key, tuple[Any, TaskOptions]] = {}
         self.flush_queued = False
-        self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
+        #: the keys the tasks in :attr:`pending` read (a released key among them still
+        #: goes with them: they need it)
+        self.read_by_pending: set[Key] = set()
+        #: keys no Future holds any more, let go while nothing was pending, not yet sent
+        #: (:class:`_FlushReleases`)
+        self.to_release: dict[Key, None] = {}
+        #: keys let go while tasks were pending (submit calls made before the release):
+        #: sent after those tasks' graphs, by the ``_Flush`` that sends them
+        self.after_flush: dict[Key, None] = {}
         #: gathers waiting on each key (its update, or its retry), and as_completed
         #: iterators
         self.waiters: dict[Key, list[_Waiter | _Wake | _Arrivals]] = {}
@@ -963,13 +973,36 @@ class ClientActor(Actor):
                 if not waiting:
                     del self.waiters[key]
 
+    def queue(self, key: Key, task: Any, opts: TaskOptions) -> None:
+        """``key``'s task from ``submit``, sent at the next ``_Flush`` (queued if it is
+        the first since the last one began)."""
+        self.pending[key] = (task, opts)
+        self.read_by_pending.update(getattr(task, "dependencies", ()))
+        if not self.flush_queued:
+            self.flush_queued = True
+            self.ref.post(_Flush())
+
     @handles(_Flush)
     async def flush(self, msg: _Flush) -> None:
         """Send the tasks of ``submit`` calls as one graph per run of calls with the same
         options, in the order they were made (a task's inputs were submitted before it,
-        so each graph's dependencies went out before it)."""
+        so each graph's dependencies went out before it); then the keys let go since
+        those calls, which their tasks may read (dask's ``del`` of a future passed to
+        ``submit``): the manager has the tasks that need them by then."""
         self.flush_queued = False
         pending, self.pending = self.pending, {}
+        self.read_by_pending = set()
+        after, self.after_flush = self.after_flush, {}
+        try:
+            await self._send_pending(pending)
+        finally:
+            # those held again meanwhile stay (as watch() drops a release not sent yet)
+            keys = tuple(k for k in after if k not in self.watches)
+            if keys and not self.manager.stopped:
+                self.manager.post(ReleaseKeysRequest(keys, self.name))
+
+    async def _send_pending(self, pending: dict[Key, tuple[Any, TaskOptions]]) -> None:
+        """:meth:`flush`'s sending of the ``pending`` tasks."""
         runs: list[tuple[TaskOptions, dict[Key, Any]]] = []
         for key, (task, opts) in pending.items():
             if not runs or runs[-1][0] != opts:
@@ -1111,6 +1144,9 @@ class ClientActor(Actor):
             # this actor) and drop the key that submission wants. The manager still
             # counts this client for the key and re-sends its state on resubmission.
             self.to_release.pop(key, None)
+            self.after_flush.pop(key, None)
+            if key in self.pending:  # its task still to go, kept for the tasks reading it
+                w.fence = 1
         elif w.left:  # cancelled for this client only, now submitted again: wanted again
             w.left = False
             w.update = None
@@ -1126,11 +1162,17 @@ class ClientActor(Actor):
         w.holders -= 1
         if w.holders <= 0:
             del self.watches[key]
-            self.pending.pop(key, None)
+            if key not in self.read_by_pending:  # not sent yet, and no task to go reads it
+                self.pending.pop(key, None)
             # A gather still waiting on it (a Future released while awaited): nothing
             # will come for it now; it fails saying so.
             for waiter in self.waiters.pop(key, ()):
                 waiter.settle(key, False)
+            if self.pending:
+                # After the submit calls not sent yet, made before it (their tasks may
+                # read it): it goes right after their graphs (flush).
+                self.after_flush[key] = None
+                return
             # Batched: every release made before the actor next runs goes as one message.
             self.to_release[key] = None
             if len(self.to_release) == 1 and not self.ref.stopped:
@@ -1284,7 +1326,10 @@ class Future:
         """Let go of the result now instead of when this object is garbage collected.
         The future's status is then ``"released"``; awaiting it, gathering it or passing
         it to ``submit`` raises :class:`~runtime.errors.CorralError`. On the event loop's
-        thread the release reaches the cluster before anything submitted after it."""
+        thread the release reaches the cluster before anything submitted after it, and
+        after every ``submit`` made before it, also one not sent yet (as in dask:
+        ``tot = submit(comb, sims)`` then ``release()`` of each of ``sims`` computes the
+        total)."""
         client = self._client
         if threading.get_ident() == client.loop_thread and self._finalizer.detach():
             client.unhold(self.key)
@@ -2565,12 +2610,8 @@ class Cluster:
         watch = fut._watch
         watch.pool = opts.pool
         if key not in client.pending and watch.update is None:
-            task = make_task(key, func, args, kwargs, self._key_of_future)
-            client.pending[key] = (task, opts)
+            client.queue(key, make_task(key, func, args, kwargs, self._key_of_future), opts)
             watch.fence += 1
-            if not client.flush_queued:
-                client.flush_queued = True
-                client.ref.post(_Flush())
         return fut
 
     def map(
