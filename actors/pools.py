@@ -689,16 +689,18 @@ def pools_from_dicts(
         refuse(PoolConfigError("", "pools", f"must name at least one pool, got {pools!r}", source))
         return {}
     made = {str(name): _pool(name, raw, source, refuse) for name, raw in pools.items()}
-    out = {name: pool for name, pool in made.items() if pool is not None}
-    for pool in out.values():
-        if pool.fallback is not None and pool.fallback not in made:
+    # Each pool's fallback against the pools of the file, read from its own table: also
+    # in a pool refused for another key (a check keeps every problem in one run).
+    for name, raw in pools.items():
+        fallback = raw.get("fallback") if isinstance(raw, Mapping) else None
+        if isinstance(fallback, str) and fallback != name and fallback not in made:
             refuse(PoolConfigError(
-                pool.name, "fallback",
-                f"names no pool: {pool.fallback!r}{did_you_mean(pool.fallback, list(made), '.')} "
+                str(name), "fallback",
+                f"names no pool: {fallback!r}{did_you_mean(fallback, list(made), '.')} "
                 f"The pools are: {', '.join(made)}",
                 source,
             ))  # fmt: skip
-    return out
+    return {name: pool for name, pool in made.items() if pool is not None}
 
 
 def check_fallback(kind: str, name: str, params: Mapping[str, Any], pools: Collection[str]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.pools import load_config
+from actors.pools import COMMON_KEYS, LOCAL_KEYS, SLURM_KEYS, load_config
 from runtime.errors import AlertConfigError, PoolConfigError, Refusals
 from runtime.monitor import load_alerting
 from tests.helpers import ROOT
@@ -110,14 +110,69 @@ def test_a_manager_still_stops_at_the_first(bad: Path) -> None:
     assert alert.value.key == "alerting.resend"
 
 
-def test_check_prints_them_all_and_exits_1(bad: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "runtime", "check", "--config", str(bad), "--no-probe"],
+def check(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime check --config PATH --no-probe``, run."""
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "check", "--config", str(path), "--no-probe"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
         env=dict(os.environ, CORRAL_HOME=str(tmp_path / "home")),
     )  # fmt: skip
+
+
+def test_check_prints_them_all_and_exits_1(bad: Path, tmp_path: Path) -> None:
+    done = check(bad, tmp_path)
     assert done.returncode == 1, done
     fails = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert len(fails) == len(EXPECTED), done.stdout
     for (_, key), line in zip(EXPECTED, fails, strict=True):
         assert f"key '{key}'" in line, (key, line)
+
+
+#: the audit's file (checkpoint, finding 6), on local pools: a misspelt fallback in a
+#: pool with other bad keys, and another pool with a bad value of its own
+FALLBACK_TYPO = """
+[pools.ckpt]
+provider = "local"
+max_blocks = "4"
+max_idle_time = 30
+fallback = "owners"
+
+[pools.owner]
+provider = "local"
+walltime = "90"
+drain_period = 6000
+"""
+
+
+def test_a_misspelt_fallback_is_reported_with_its_pools_other_errors(tmp_path: Path) -> None:
+    """The fallback is checked against the file's pools from every pool's own table,
+    also one refused for other keys: before, the check saw only the pools that passed
+    theirs, so the typo showed in the second run, once the other keys were fixed."""
+    path = tmp_path / "bad.toml"
+    path.write_text(FALLBACK_TYPO)
+    done = check(path, tmp_path)
+    assert done.returncode == 1, done
+    keys = ", ".join([*COMMON_KEYS, *LOCAL_KEYS, *SLURM_KEYS])
+    see = ". See docs/configuration.md#pools for every key."
+    assert [line for line in done.stdout.splitlines() if line.startswith("FAIL")] == [
+        f"FAIL  ckpt   config           pool 'ckpt' in {path}: key 'max_idle_time' is "
+        f"unknown; did you mean 'max_idletime'? The keys are: {keys}{see}",
+        f"FAIL  ckpt   config           pool 'ckpt' in {path}: key 'max_blocks' must be a "
+        "whole number >= 1, got '4'; did you mean max_blocks = 4 (a number, not a "
+        f"string)?{see[1:]}",
+        f"FAIL  owner  config           pool 'owner' in {path}: key 'drain_period' must be "
+        f"shorter than walltime (5400 s), got 6000{see}",
+        f"FAIL  ckpt   config           pool 'ckpt' in {path}: key 'fallback' names no "
+        f"pool: 'owners'; did you mean 'owner'? The pools are: ckpt, owner{see}",
+    ], done.stdout
+    # The manager still stops at the first problem; a fallback that names a pool the
+    # file refused is not a typo (that pool's own lines say what is wrong with it).
+    with pytest.raises(PoolConfigError) as info:
+        load_config(path)
+    assert (info.value.pool, info.value.key) == ("ckpt", "max_idle_time")
+    path.write_text(FALLBACK_TYPO.replace('"owners"', '"owner"'))
+    refuse = Refusals(keep=True)
+    assert load_config(path, refuse) == {}
+    assert [(e.pool, e.key) for e in refuse.errors if isinstance(e, PoolConfigError)] == [
+        ("ckpt", "max_idle_time"), ("ckpt", "max_blocks"), ("owner", "drain_period"),
+    ]  # fmt: skip
