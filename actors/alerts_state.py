@@ -56,6 +56,11 @@ once resolved); for the queue metrics they have the names of the users' own aler
 ``queue_time_threshold``; the times in minutes, to a tenth from a minute on and to two
 significant digits below it).
 
+**A stop** (:class:`Stopping`, an orderly stop's first step): the alerts hold still from
+then on; evaluations change nothing, so the stop itself (its tasks cancelled, its workers
+stopped) neither resolves, fires nor scales. The firing alerts end with the run, by the
+notifiers' ``close`` and the monitoring database's end of the run.
+
 **Remediation**: a rule may carry a :class:`ScaleOut` action. While its alert fires and
 its condition holds, the core asks for more blocks of the pool (:class:`Scale`: by N, or
 enough in all for its running and ready tasks), at most ``max_blocks`` and within ``max_cost``
@@ -102,6 +107,7 @@ __all__ = [
     "Scale",
     "ScaleDone",
     "ScaleOut",
+    "Stopping",
     "parse_duration",
     "parse_expr",
     "parse_rule",
@@ -1151,6 +1157,17 @@ class ScaleDone(Event):
     rule: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stopping(Event):
+    """The cluster stops on purpose (at ``now``): the alerts hold still from here on.
+    An :class:`Evaluate` after it changes nothing and commands nothing (the stop ends
+    the run's tasks and stops the workers: no alert resolves, fires or scales a pool
+    for that); the firing alerts are ended by the notifiers' ``close``
+    (``ended_by``) and the monitoring database's end of the run."""
+
+    now: float = 0.0
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -1326,6 +1343,8 @@ class AlertState:
         self._samples: Samples = {}  #: the latest evaluated
         self._notes: Mapping[tuple[str, Labels], str] = {}  #: the latest notes given
         self._out: list[Command] = []
+        #: when the cluster began to stop (:class:`Stopping`; None: it runs)
+        self.stopped_at: float | None = None
         for rule in rules:
             self._add(rule, False, 0.0)
 
@@ -1335,8 +1354,12 @@ class AlertState:
         """Apply ``events`` in order; return the commands to carry out."""
         for ev in events:
             if isinstance(ev, Evaluate):
-                self._notes = ev.notes
-                self._evaluate(ev.now, ev.samples)
+                if self.stopped_at is None:  # (stopping: the alerts hold still)
+                    self._notes = ev.notes
+                    self._evaluate(ev.now, ev.samples)
+            elif isinstance(ev, Stopping):
+                if self.stopped_at is None:
+                    self.stopped_at = ev.now
             elif isinstance(ev, RuleAdded):
                 self._add(ev.rule, ev.replace, ev.now)
             elif isinstance(ev, RuleRemoved):

@@ -32,6 +32,7 @@ from actors.scheduler_events import (
     CancelSpared,
     CategoryForgotten,
     CheckpointCopied,
+    ClusterStops,
     Command,
     CopyCheckpoint,
     DiskShared,
@@ -109,6 +110,7 @@ from runtime.messages import (
     CategoryStatus,
     CheckpointFetched,
     CheckpointSaved,
+    ClusterStopping,
     ConfirmHolds,
     CopiesReply,
     CopyFrom,
@@ -775,6 +777,12 @@ class Scheduler(Actor):
         """The autoscaler stops these workers' blocks because the cluster shuts down:
         they leave as ``shutdown``, not as the preemption their stop signal reads as."""
         self._handle(StoppedWithCluster(*self._ev(), tuple(msg.workers)))
+
+    @handles(ClusterStopping)
+    def cluster_stopping(self, msg: ClusterStopping) -> None:
+        """The cluster stops on purpose, its workers next: the run's tasks end now
+        (those not finished cancelled), so that the workers' going loses nothing."""
+        self._handle(ClusterStops(*self._ev()))
 
     @handles(PolicyNote)
     def policy_note(self, msg: PolicyNote) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "CancelSpared",
     "CategoryForgotten",
     "CheckpointCopied",
+    "ClusterStops",
     "Command",
     "CopyCheckpoint",
     "DiskShared",
@@ -326,6 +327,17 @@ class StoppedWithCluster(Event):
     on purpose anyway (drained, walltime)."""
 
     workers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterStops(Event):
+    """The cluster stops on purpose (a manager's orderly stop, ``Cluster.close``),
+    before its workers are stopped: the run's tasks end now. Each task not finished
+    (waiting, queued, running) is cancelled, its clients not told (they learn that the
+    cluster stopped); a running one's try ends ``cancelled`` with cause ``shutdown``.
+    A finished task keeps its end. From now on a worker that goes loses nothing: a
+    task whose output goes with it stays as it ended (``memory``, not computed again,
+    no recovery, no replica made) and a leaving worker copies none off."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -93,6 +93,11 @@ its rejoin) a worker gets no new work either, and its cores are not in the metri
 After :class:`StoppedWithCluster` (the autoscaler stops its block because the cluster
 shuts down) a worker is lost as ``shutdown`` whatever its end says (inside a Slurm job
 the stop signal reads as ``preempted`` to it), unless it left on purpose anyway.
+After :class:`ClusterStops` (an orderly stop, before the workers are stopped) every task
+not finished is cancelled (``stopping``), and the workers that go after it lose nothing:
+a finished task still wanted keeps its end (``memory``, its holders gone with the run:
+the one case of ``memory`` with no ``who_has``), never computed again nor recorded as a
+recovery, and a leaving worker copies nothing off.
 
 Memory (see docs/memory.md): the memory policy marks categories as *producers* (their
 outputs are much larger than their inputs; before any has finished, tasks with no
@@ -206,6 +211,7 @@ from actors.scheduler_events import (
     CancelSpared,
     CategoryForgotten,
     CheckpointCopied,
+    ClusterStops,
     Command,
     CopyCheckpoint,
     DiskShared,
@@ -336,6 +342,9 @@ UPCOMING_MOST = 1024
 #: inputs it looks at per call, at most (a task with very many inputs costs its share)
 UPCOMING_INPUTS = 20_000
 RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
+#: why a task not finished when the cluster stopped on purpose was cancelled
+#: (:class:`ClusterStops`): its ``CancelledError``'s reason
+STOPPED_REASON = "the cluster stopped before it finished"
 #: a task whose inputs could not be had from connected workers this many times in a
 #: row, for ``SchedulerConfig.unreachable_for`` seconds, fails with InputsUnreachable
 #: instead of waiting for them again
@@ -755,6 +764,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.replica_bytes = 0
         self.replicas_failed = 0
         self.recomputes_avoided = 0
+        #: the cluster stops on purpose (:class:`ClusterStops`): its tasks ended, and a
+        #: worker that goes now takes nothing anyone will read
+        self.stopping = False
         #: speculative copies (docs/files.md#speculative-copies): per running task, the
         #: workers running a copy of it besides ``TaskState.worker``, each with when the
         #: copy was sent and the disk reserved for it there
@@ -1395,7 +1407,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Tell the clients of a wanted task that is done or failed so, again; one whose
         output was dropped is made again."""
         if ts.state == "memory":
-            self._out.append(KeyDone(self._stimulus, ts.key, next(iter(ts.who_has)), ts.nbytes))
+            holder = next(iter(ts.who_has), None)  # (none: gone with the run's stop)
+            if holder is not None:
+                self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
         elif ts.state in ("erred", "cancelled"):
             self._notify_failed(ts)
         elif ts.state == "released":
@@ -1546,6 +1560,16 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ws = self.workers.get(wid)
             if ws is not None:  # one not joined (or gone) has no end to record
                 ws.with_cluster = True
+
+    def _cluster_stops(self, ev: ClusterStops) -> None:
+        """The run ends (an orderly stop, before the workers are stopped): every task not
+        finished is cancelled, without telling its clients (the cluster's stop tells
+        them), a running one on its worker with its try ``cancelled`` (``shutdown``).
+        Only then do the workers go, as losses of nothing (``stopping``)."""
+        self.stopping = True
+        for ts in list(self.tasks.values()):
+            if ts.state in ACTIVE:  # (one ended on the way, a dependent, stays so)
+                self._cancel(ts, STOPPED_REASON, tell=False, cause="shutdown")
 
     def _policy_noted(self, ev: PolicyNoted) -> None:
         self._log("-", "policy-error", ev.problem)
@@ -2112,6 +2136,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         (:meth:`_evacuation_planned`) or on its way to a worker that stays: one copy
         on a survivor suffices. One job that stops several workers at once thus loses
         none of the outputs they all hold."""
+        if self.stopping:  # the run ended: nothing will read them
+            return []
         blocks = {(ws.block, ws.pool)} if ws.block else set()
         planned = self._evacuation_planned(blocks)
         return [
@@ -3398,13 +3424,22 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._out.append(KeyErred(self._stimulus, ts.key, ts.error, *ts.root))
 
     def _cancel(
-        self, ts: TaskState, reason: str, *, unneeded: bool = False, tell: bool = True
+        self,
+        ts: TaskState,
+        reason: str,
+        *,
+        unneeded: bool = False,
+        tell: bool = True,
+        cause: str | None = None,
     ) -> None:
         """Cancel ``ts``. ``unneeded``: not asked by a user, only nothing needs it now; it
         is then run again if something comes to need it. ``tell``: the clients that want
-        it are told (else they were already)."""
+        it are told (else they were already, or the cluster's stop tells them).
+        ``cause``: its running try's (default ``unneeded`` or ``cancelled``)."""
         if ts.state == "processing":
-            self._unassign(ts, cancel=True, cause="unneeded" if unneeded else "cancelled")
+            if cause is None:
+                cause = "unneeded" if unneeded else "cancelled"
+            self._unassign(ts, cancel=True, cause=cause)
         ts.unneeded = unneeded
         ts.error = CancelledError(str(ts.key), reason)
         ts.root = (ts.key, ts.error)
@@ -3434,6 +3469,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """The last replica of ``ts``'s output is gone (last held by ``wid``)."""
         self._log(ts.key, "memory", "lost")
         self.copy_failed.pop(ts, None)
+        if (ts.consumers or ts.wanted) and self.stopping:
+            return  # the run ended: it stays as it ended, finished, held to the end
         if ts.consumers or ts.wanted:
             self._recovered(ts, wid, "recomputed")
             self._recompute(ts)
@@ -3740,7 +3777,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         replicas to replace the copy that went."""
         copies = self.replicas[ts]
         copies.discard(wid)
-        if ts.state == "memory" and ts.who_has and (ts.wanted or self._holds(ts)):
+        kept = ts.state == "memory" and ts.who_has and not self.stopping  # (stopping: unread)
+        if kept and (ts.wanted or self._holds(ts)):
             # Without them it would be made again now if a task or client needs it (an
             # output kept only by the pruning depth would just be released).
             if lost and ts.who_has <= copies and (ts.consumers or ts.wanted):
@@ -5315,8 +5353,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 assert (ts in ws.waiting) == (ts.started is None) != (ts in ws.began), ts
             else:
                 assert ts.worker is None, ts
-            if ts.state == "memory":
-                assert ts.who_has, ts
+            if ts.state == "memory":  # (but one whose holders the run's stop ended)
+                assert ts.who_has or self.stopping, ts
             if ts.state != "memory":
                 assert not ts.who_has, (ts, ts.who_has)
             for wid in ts.who_has:
@@ -5550,6 +5588,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
     StoppedWithCluster: SchedulerState._stopped_with_cluster,
+    ClusterStops: SchedulerState._cluster_stops,
     PolicyNoted: SchedulerState._policy_noted,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,

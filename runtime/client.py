@@ -137,7 +137,7 @@ from runtime.messages import (
 # caller's event loop at its first Cluster() (docs/embedding.md). The rest a start
 # needs is imported in a thread (_START_MODULES).
 from runtime.monitor import alerting_config
-from runtime.node import DEAD_AFTER, check_one_token, check_worker_timeout
+from runtime.node import DEAD_AFTER, check_one_token, check_worker_timeout, end_run
 from runtime.remote import check_run_timeout, pickled_call
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
@@ -2348,8 +2348,10 @@ class Cluster:
         await self.close()
 
     async def close(self) -> None:
-        """Stop every actor of the cluster, gracefully: no new work, then the workers
-        (through the autoscaler, so it does not replace them), then the control actors.
+        """Stop every actor of the cluster, gracefully: no new work, the run's tasks
+        ended (those not finished cancelled: :func:`runtime.node.end_run`), then the
+        workers (through the autoscaler, so it does not replace them), then the control
+        actors.
         A cancelled caller does not cut it short: the stop is shielded and bounded by
         the shutdown's timeouts (an actor past its own is cancelled alone, a hung
         ``on_stop`` is cut, and the others still stop in order).
@@ -2369,6 +2371,10 @@ class Cluster:
         peer = getattr(self, "_peer", None)
         if peer is not None:  # the manager's updates that cross our close are expected
             peer.stopping = True
+        plane = getattr(self, "_plane", None)
+        if plane is not None and system.running:  # its own scheduler: the run ends first
+            with anyio.CancelScope(shield=True):
+                await end_run(plane)
         # the monitoring recorder after the workers (it records them leaving), before
         # the actors its last poll asks
         order = [client.name if client else "", "autoscaler", "monitoring", "manager",

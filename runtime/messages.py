@@ -390,6 +390,16 @@ class WorkersStopping(Message):
 
 
 @message(local=True)
+class ClusterStopping(Message):
+    """The cluster's stop -> alert monitor, then scheduler: the cluster stops on
+    purpose (a manager's orderly stop, ``Cluster.close``) and its workers are stopped
+    next. The alerts hold still (``actors.alerts_state.Stopping``: the stop neither
+    resolves nor fires one), and the run's tasks end (not finished: cancelled), so
+    that the workers leave as losses of nothing (``actors.scheduler_events.ClusterStops``).
+    Answered once done."""
+
+
+@message(local=True)
 class PolicyNote(Message):
     """Autoscaler -> scheduler: the scaling policy failed (``problem``): a
     ``policy-error`` line in the cluster's story (``story -``), beside the scheduler's

@@ -17,8 +17,10 @@ What lives here:
   (numbered ``AuditInfo``) for the monitoring database's recorder. It answers
   ``AlertsRequest`` and changes its rules live on ``AlertRuleAdd`` /
   ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
-  When it stops (the manager's orderly stop) it warns of the rules changed live, which
-  are not kept, and has each notifier end its firing alerts (bounded).
+  Told the cluster stops (``ClusterStopping``, an orderly stop's first step) its alerts
+  hold still (the core's ``Stopping``). When it stops (the manager's orderly stop) it
+  warns of the rules changed live, which are not kept, and has each notifier end its
+  firing alerts (bounded).
   As it starts, it asks the configured Alertmanager once whether it answers, in the
   background (``runtime.preflight.probe_alertmanager``, bounded; nothing waits for it):
   a WARNING naming the URL and what to do when it does not, an INFO when it does, so a
@@ -58,6 +60,7 @@ from actors.alerts_state import (
     RuleRemoved,
     Scale,
     ScaleDone,
+    Stopping,
     parse_rule,
     parse_rules,
     pool_warnings,
@@ -72,6 +75,7 @@ from runtime.messages import (
     AlertsReply,
     AlertsRequest,
     AuditInfo,
+    ClusterStopping,
     Message,
     MetricsReply,
     RestoreRequest,
@@ -595,6 +599,12 @@ class Monitor(Actor):
             self.dashboard_url = msg.url
         if self._dashboard_known is not None:
             self._dashboard_known.set()
+
+    @handles(ClusterStopping)
+    def cluster_stopping(self, msg: ClusterStopping) -> None:
+        """The cluster stops on purpose: its alerts hold still from now (the stop that
+        follows neither resolves, fires nor scales); they end with the run."""
+        self._run(Stopping(time.time()))
 
     @handles(AlertsRequest)
     def alerts(self, msg: AlertsRequest) -> AlertsReply:

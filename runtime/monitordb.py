@@ -1296,14 +1296,22 @@ class MonitorRecorder(Actor):
 
     def _end(self, writer: MonitorWriter) -> Callable[[], list[Op]]:
         """The run's end, written last by ``writer``: what is still open ends with the
-        run (workers and blocks the cluster stops). Written once what is queued is
-        written or, past CLOSE_TIMEOUT or on a second interrupt, dropped and counted
+        run (workers and blocks the cluster stops, and the alerts firing, which the
+        alert monitor's stop ends: a row ``resolved`` each, as its notifiers say it,
+        :func:`~runtime.notify.ended_by_stop`). Written once what is queued is written
+        or, past CLOSE_TIMEOUT or on a second interrupt, dropped and counted
         (runs.dropped_rows), so a run always shows how it ended."""
+        from runtime.notify import ended_by_stop
+
         now, run, feed_lost = time.time(), self.run_id, self.feed_lost
         rows = _Rows()
         rows.add("event", _RUN_END_WORKERS, (now, run))
         for bid, (pool, _) in self._blocks.items():
             rows.add("event", _BLOCK, (run, bid, pool, "stopped", now, "shutdown"))
+        for (_, labels, _), ((state, *_), alert) in self._alerts.items():
+            if state == "firing":
+                ended = ended_by_stop(alert, now)
+                rows.add("event", _ALERT, self._alert_row(now, ended, ended.state, labels))
         rows.add("event", "UPDATE runs SET ended = ? WHERE run_id = ?", (now, run))
 
         def final() -> list[Op]:  # (in the writer's thread, once it is done)

@@ -109,6 +109,7 @@ from runtime.messages import (
     ClientCame,
     ClientGone,
     CloseStream,
+    ClusterStopping,
     DrainRequest,
     Evacuated,
     ForgetCategoryRequest,
@@ -176,6 +177,7 @@ __all__ = [
     "check_client_timeout",
     "check_reconnect_timeout",
     "check_worker_timeout",
+    "end_run",
     "read_token_file",
     "run_manager",
     "run_worker",
@@ -246,6 +248,10 @@ GOODBYE_TIMEOUT = 5.0
 #: _give_way`) has to take the frame that says why before it is closed without it (one
 #: that does not read must not hold anything up)
 GIVE_WAY_TIMEOUT = 1.0
+#: Seconds an orderly stop gives the alert monitor, then the scheduler, to take it
+#: before the workers are stopped (:func:`end_run`): the scheduler answers once the
+#: graphs it takes in ahead of the stop are in
+END_RUN_TIMEOUT = 10.0
 #: How a cancelled run_manager's goodbye says it stopped (ManagerStopping's ``how``)
 CANCELLED = "cancelled by the program that runs it"
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
@@ -507,6 +513,31 @@ async def start_control_plane(
     if monitoring is not None:
         await start_recorder(plane, monitoring, monitoring_interval)
     return plane
+
+
+async def end_run(plane: ControlPlane) -> None:
+    """An orderly stop's first step, before any worker is stopped
+    (:class:`~runtime.messages.ClusterStopping`, asked of each within
+    :data:`END_RUN_TIMEOUT`): the alert monitor's alerts hold still (the stop neither
+    resolves nor fires one: they end with the run), then the run's tasks end: those not
+    finished are cancelled and a finished one keeps its end, so that the workers stopped
+    next leave as losses of nothing (no output computed again, no recovery recorded).
+    An actor stopped already is skipped, one that does not answer in time is not
+    waited for (logged)."""
+    for name in ("monitor", "scheduler"):
+        ref = plane.refs.get(name)
+        if ref is None:
+            continue
+        try:
+            await ref.ask(ClusterStopping(), timeout=END_RUN_TIMEOUT)
+        except ActorStopped:
+            pass
+        except AskTimeout:
+            _log.warning(
+                "an actor did not take the cluster's stop before its workers stop",
+                actor=name, seconds=END_RUN_TIMEOUT,
+                advice="the monitoring database may record what the stop did as the run's",
+            )  # fmt: skip
 
 
 async def start_recorder(
@@ -2931,13 +2962,18 @@ async def _stop_manager(
     gateway: Gateway,
     how: str,
 ) -> None:
-    """A manager process's orderly stop, before its actors stop: the pools' workers
-    first, while the manager still listens (they leave, drained, their ids freed,
-    rather than lose their manager); the dashboard's pages; the listening socket (the
-    port is free); then the goodbye to every connection (:meth:`Gateway.say_goodbye`,
-    saying ``how`` the manager was stopped).
-    Each step is bounded: the autoscaler by its stop bound, the goodbye by
-    :data:`GOODBYE_TIMEOUT`, closes by the transport's ``close_timeout``."""
+    """A manager process's orderly stop, before its actors stop: the run ends
+    (:func:`end_run`: the alerts hold still, the tasks not finished are cancelled; not
+    for a cancelled run_manager, whose actors the cancellation stops as it comes); then
+    the pools' workers, while the manager still listens (they leave, drained, their ids
+    freed, rather than lose their manager); the dashboard's pages; the listening socket
+    (the port is free); then the goodbye to every connection
+    (:meth:`Gateway.say_goodbye`, saying ``how`` the manager was stopped).
+    Each step is bounded: the run's end by :data:`END_RUN_TIMEOUT`, the autoscaler by
+    its stop bound, the goodbye by :data:`GOODBYE_TIMEOUT`, closes by the transport's
+    ``close_timeout``."""
+    if how != CANCELLED:  # (cancelled, its actors stop with the cancellation: none takes it)
+        await end_run(plane)
     autoscaler = plane.refs.get("autoscaler")
     if autoscaler is not None:
         await system.shutdown([autoscaler])

@@ -1,0 +1,263 @@
+"""An orderly stop (SIGTERM to a manager, ``Cluster.close``) ends the run before its
+workers go, and the monitoring database says what happened, not what the stop did.
+
+Before: the pools' workers were stopped first, so the scheduler took their going for
+losses. A task that had finished minutes before, whose output was on such a worker, went
+back to waiting (a ``recovery``, ``how='recomputed'``, though nothing ran again), then
+was cancelled at the stop: ``tasks.state='cancelled'`` and ``tasks.finished`` the stop's
+time. And the firing alerts the manager ended at the stop (Alertmanager heard
+``ended_by="manager stopped"``) kept a last ``alerts`` row ``firing``: "latest state per
+alert" queries said they fired for ever.
+
+Now the stop's first step (``runtime.node.end_run``) holds the alerts still and ends the
+run's tasks: those not finished are cancelled (a running one's try ``cancelled``, cause
+``shutdown``), a finished one keeps its end; the workers that go next lose nothing (a
+task whose output goes with them stays as it ended: no recovery, no evacuation, no
+replica made). The recorder's end of the
+run writes a ``resolved`` row, ``ended_by``, per alert still firing.
+
+First the pure cores (exact commands), then a real manager process with a local pool,
+stopped by SIGTERM mid-run, and its database's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.alerts_state import (
+    AlertState,
+    Audit,
+    Evaluate,
+    Labels,
+    Notify,
+    Scale,
+    Stopping,
+    parse_rule,
+)
+from actors.protocol import FileFact
+from actors.scheduler_events import (
+    CancelOnWorker,
+    ClusterStops,
+    Evacuate,
+    FileFacts,
+    KeyDone,
+    ReplicasCopied,
+    Replicate,
+    WorkerLeaving,
+    WorkerLeft,
+)
+from actors.scheduler_state import SchedulerState
+from runtime.errors import ManagerStopping
+from runtime.metrics import SAMPLE_LABELS
+from tests.helpers import (
+    MB,
+    Cli,
+    Factory,
+    event,
+    finish,
+    free_port_between,
+    held_at_gate,
+    join,
+    make_state,
+    of,
+    run,
+    states,
+    submit,
+    wait_until,
+)
+
+__all__ = ["make_state"]
+
+LIMIT = 60  # seconds for the test with processes
+PORTS = (49000, 49499)  # this file's ports on 127.0.0.1
+
+
+def feed_after(s: SchedulerState, seq: int) -> list[tuple[Any, ...]]:
+    """The feed's records from entry ``seq`` on, each cut to its first fields."""
+    items, _, _ = s.feed_since(seq, 10_000)
+    return [(r[0], r[1], r[8], r[9]) if r[0] == "try" else r[:4] for _, recs in items for r in recs]
+
+
+# ----------------------------------------------------------------------------- the core
+
+
+def test_at_a_stop_the_tasks_end_first_and_the_workers_then_lose_nothing(
+    make_state: Factory,
+) -> None:
+    s = make_state(monitor=True)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"done": [], "long": [], "later": []}, ["done", "long", "later"])
+    finish(s, "w1", "done")  # its output on w1, held by the client; "later" goes there
+    assert states(s) == {"done": "memory", "long": "processing", "later": "processing"}
+    s.feed_since(0, 10_000)
+    seq = s.feed_next
+
+    out = run(s, stop := event(ClusterStops))
+    # Running tries stopped on their workers; no client told (the stop tells them).
+    assert out == [
+        CancelOnWorker(stop.stimulus_id, "w1", ("later",)),
+        CancelOnWorker(stop.stimulus_id, "w2", ("long",)),
+    ]
+    # w1 goes: it copies nothing off (nothing will read it) ...
+    out = run(s, leaving := event(WorkerLeaving, worker="w1", cause="shutdown"))
+    assert out == [Evacuate(leaving.stimulus_id, "w1", ())]
+    # ... and the task whose output goes with it stays as it ended, not made again.
+    out = run(s, left := event(WorkerLeft, worker="w1", cause="shutdown"))
+    fact = FileFact("done", "created", 100, (), 0, True, False)
+    assert out == [FileFacts(left.stimulus_id, (fact,))]  # (no replica left to drop)
+    assert states(s) == {"done": "memory", "long": "cancelled", "later": "cancelled"}
+    assert feed_after(s, seq) == [
+        ("try", "later", "cancelled", "shutdown"),
+        ("state", "later", "cancelled", "later"),
+        ("try", "long", "cancelled", "shutdown"),
+        ("state", "long", "cancelled", "long"),
+        ("left", "w1", "shutdown", left.now),  # no "recovery", no new state for "done"
+    ]
+    assert str(s.tasks["long"].error) == (
+        "task 'long' was cancelled: the cluster stopped before it finished"
+    )
+
+
+def test_a_replica_holder_going_at_a_stop_spares_no_recompute_and_gets_no_new_replica(
+    make_state: Factory,
+) -> None:
+    s = make_state(monitor=True)
+    join(s, "w1")
+    submit(s, {"long-0": []}, ["long-0"])
+    join(s, "w2")
+    join(s, "w3")
+    out = finish(s, "w1", "long-0", duration=40.0, nbytes=5 * MB)
+    assert [(c.worker, c.source) for c in of(out, Replicate)] == [("w2", "w1")]
+    run(s, event(ReplicasCopied, worker="w2", asked=("long-0",), got=("long-0",)))
+    s.feed_since(0, 10_000)
+    seq = s.feed_next
+    assert run(s, event(ClusterStops)) == []  # nothing ran
+    out = run(s, left := event(WorkerLeft, worker="w1", cause="shutdown"))
+    fact = FileFact("long-0", "created", 5 * MB, ("w2",), 0, True, False)
+    assert out == [  # no Replicate to w3
+        KeyDone(left.stimulus_id, "long-0", "w2", 5 * MB),
+        FileFacts(left.stimulus_id, (fact,)),
+    ]
+    assert s.recomputes_avoided == 0
+    assert feed_after(s, seq) == [("left", "w1", "shutdown", left.now)]  # no "recovery"
+
+
+QUEUED = parse_rule({
+    "name": "Queued", "expr": "corral_queue_depth > 0", "for": 0,
+    "action": {"scale_out": {"by": 1, "max_blocks": 4}},
+}, SAMPLE_LABELS)  # fmt: skip
+
+
+def depth(n: float, target: float = 1.0) -> dict[tuple[str, Labels], float]:
+    pool: Labels = (("pool", "p"),)
+    return {("corral_queue_depth", pool): n, ("corral_blocks_target", pool): target}
+
+
+def test_a_stop_holds_the_alerts_still() -> None:
+    """After ``Stopping`` an evaluation changes nothing: the queue the stop empties
+    resolves no alert, a queue that grows fires none and scales nothing."""
+    core = AlertState([QUEUED])
+    out = core.handle(Evaluate(10.0, depth(3)))
+    assert [type(c) for c in out] == [Notify, Scale, Audit]
+    assert isinstance(out[1], Scale) and (out[1].pool, out[1].target) == ("p", 2)
+    before = core.alerts()
+    assert [a.state for a in before] == ["firing"]
+    assert core.handle(Stopping(20.0)) == []
+    assert core.handle(Evaluate(21.0, depth(0))) == []  # would resolve it
+    assert core.handle(Evaluate(40.0, depth(9, 2.0))) == []  # would scale again
+    assert core.alerts() == before and core.stopped_at == 20.0
+    assert core.handle(Stopping(30.0)) == [] and core.stopped_at == 20.0  # the first counts
+
+
+# ----------------------------------------------------------------------------- a manager
+
+
+def _rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as con:
+        return con.execute(sql).fetchall()
+
+
+def _inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_sigterm_mid_run_leaves_finished_tasks_and_firing_alerts_as_they_were(
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    port = free_port_between(*PORTS)
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        "[pools.a]\nprovider = 'local'\nmin_blocks = 1\ninit_blocks = 1\nmax_blocks = 1\n"
+        f"worker_port_range = '{PORTS[0]}-{PORTS[1]}'\n"
+        "[alerting]\ninterval = 0.2\ndefault_rules = false\n"
+        "[[alerts]]\nname = 'Queued'\nexpr = 'corral_queue_depth{pool=\"a\"} > 0'\nfor = 0\n"
+    )
+    db = tmp_path / "run.sqlite"
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--config", str(config),
+            "--monitoring", str(db), "--monitoring-interval", "0.2",
+        )  # fmt: skip
+        line = await anyio.to_thread.run_sync(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        try:
+            async with Cluster(address) as c:
+                done = c.submit(_inc, 1, pool="a", key="done")  # held: its output is wanted
+                assert await done == 2
+                held = c.submit(held_at_gate, str(gate), str(started), pool="a", key="held")
+                # behind it, more than the worker takes: the alert fires
+                queued = [c.submit(_inc, i, pool="a", key=f"queued-{i}") for i in range(4)]
+                await wait_until(started.exists, "the held task running")
+
+                async def firing() -> bool:
+                    return any(a.state == "firing" for a in (await c.alerts()).alerts)
+
+                await wait_until(firing, "the queue alert firing")
+                stopped = time.time()
+                manager.send_signal(signal.SIGTERM)
+                assert await anyio.to_thread.run_sync(manager.wait, LIMIT) == 0
+                for f in (held, *queued):  # told the manager stopped, not cancelled
+                    assert isinstance(await f.exception(), ManagerStopping)
+        finally:
+            gate.touch()
+
+    rows = _rows(db, "SELECT key, state, finished FROM tasks")
+    tasks = {key: (state, finished) for key, state, finished in rows}
+    # Finished before the stop: its end kept, its finish time too ("released" once the
+    # client's connection closed at the goodbye let its key go, if the run's end was
+    # recorded after that).
+    assert tasks["done"][0] in ("memory", "released") and tasks["done"][1] < stopped
+    assert _rows(db, "SELECT outcome FROM tries WHERE key = 'done'") == [("ok",)]
+    # Not finished: cancelled at the stop, the running one's try cancelled as the stop's.
+    assert {k: state for k, (state, _) in tasks.items() if k != "done"} == {
+        k: "cancelled" for k in ("held", "queued-0", "queued-1", "queued-2", "queued-3")
+    }
+    assert tasks["held"][1] >= stopped
+    assert _rows(db, "SELECT outcome, cause FROM tries WHERE key = 'held'") == [
+        ("cancelled", "shutdown")
+    ]
+    assert _rows(db, "SELECT * FROM recoveries") == []  # nothing was made again
+    # The alert the stop ended: its latest row says so, as Alertmanager hears it.
+    ((state, annotations, resolved_at, fields),) = _rows(
+        db, "SELECT state, annotations, resolved_at, fields FROM alerts WHERE name = 'Queued' "
+        "ORDER BY time DESC, rowid DESC LIMIT 1",
+    )  # fmt: skip
+    assert state == "resolved" and resolved_at >= stopped
+    assert json.loads(annotations)["ended_by"] == "manager stopped"
+    assert json.loads(fields)["threshold_breached"] == 1  # not seen to clear: ended
+    (ended,) = _rows(db, "SELECT ended FROM runs")[0]
+    assert resolved_at <= ended
