@@ -104,9 +104,9 @@ outputs are much larger than their inputs; before any has finished, tasks with n
 dependencies). Ready tasks wait in one heap per (pool, producer). A producer goes only to
 a worker that is not throttled (:class:`WorkerMemory`) and holds fewer than ``slots``
 tasks: roots are withheld beyond saturation, however short. A throttled worker's
-producers (deferred there) do not take the slots consumers need. Under pressure (some
-worker throttled) producers yield to consumers when the memory policy says so. When a
-category's class flips, its ready tasks move heaps.
+producers (deferred there) do not take the slots or the cores consumers need
+(``_taken``). Under pressure (some worker throttled) producers yield to consumers when
+the memory policy says so. When a category's class flips, its ready tasks move heaps.
 
 Data locality: policies propose, the core decides. The placement policy's optional
 hooks (``policies.DataLocality``; the defaults in ``policies.placement.KeepsDataLocal``)
@@ -4799,9 +4799,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             # again or hang (the audit's 33 tasks of another batch queued 7 minutes
             # behind a hung task's copy on a one-core worker). A copy takes a whole core.
             return False
-        n = total = len(ws.processing) + len(ws.copies) + ws.held
-        if ws.throttled:
-            n -= ws.n_producers  # deferred there: they must not keep consumers out
+        n = _taken(ws)  # a throttled worker's producers are deferred: not counted
+        total = len(ws.processing) + _cores_held(ws)
         if n < ws.slots and total < ws.limit:
             return True
         return total < ws.limit and ws.occupancy < ws.cores * self.config.backlog
@@ -5542,10 +5541,23 @@ def _cores_held(ws: WorkerState) -> int:
     return ws.held + len(ws.copies)
 
 
+def _taken(ws: WorkerState) -> int:
+    """The slots of ``ws`` a consumer sent there now would wait behind: its tasks and
+    speculative copies, and the threads a stopped try holds (``WorkerState.held``). A
+    throttled worker's producers are deferred there, on no thread, and left out: a
+    consumer that arrives runs at once (docs/memory.md), and it may be what frees the
+    memory they wait for."""
+    n = len(ws.processing) + _cores_held(ws)
+    return n - ws.n_producers if ws.throttled else n
+
+
 def _core_free(ws: WorkerState) -> bool:
-    """``ws`` runs fewer tries (tasks and speculative copies) than it has cores, not
-    counting the cores whose threads a stopped try holds (``WorkerState.held``)."""
-    return len(ws.processing) + len(ws.copies) + ws.held < ws.cores
+    """``ws`` runs fewer tries than it has cores (``_taken``: a throttled worker's
+    deferred producers do not count, else a consumer of a new category, long until one
+    finishes (``unknown_long``), waits for a core they never free: a user audit's hang,
+    every slot of two throttled workers held by deferred producers and a ready
+    ``sum-partial`` queued for good)."""
+    return _taken(ws) < ws.cores
 
 
 def _live(entry: tuple[Any, ...], producer: bool) -> bool:

@@ -265,6 +265,49 @@ def test_under_pressure_consumers_go_before_producers_whatever_graph_order(
     assert sent == best.key
 
 
+def producers_hold_every_slot(
+    make_state: Factory, consumer: dict[str, Any] | None = None
+) -> SchedulerState:
+    """One 1-core worker (2 slots), both held by loads (producers of a known, short
+    category), and ``sum-0``, a consumer of a category with no finished try (long:
+    ``unknown_long``), queued with its input in memory there, waiting for the core
+    (``consumer``: changes to its spec)."""
+    s = make_state(stall_timeout=5.0)
+    join(s, "w1")
+    warm = ["load-w0", "load-w1"]
+    submit(s, dict.fromkeys(warm, ()), warm)
+    while on(s, "w1"):
+        finish_all(s, "w1", sorted(on(s, "w1")), duration=0.01, nbytes=50 * MB)
+    table: dict[str, list[str]] = {f"load-{i}": [] for i in range(6)}
+    table["sum-0"] = ["load-0"]
+    wanted = ["sum-0", *(f"load-{i}" for i in range(1, 6))]
+    submit(s, table, wanted, attrs={"sum-0": consumer} if consumer else None)
+    while s.tasks["load-0"].state != "memory":
+        key = "load-0" if "load-0" in on(s, "w1") else sorted(on(s, "w1"))[0]
+        finish(s, "w1", key, duration=0.01, nbytes=50 * MB)
+    ws = s.workers["w1"]
+    assert len(ws.processing) == ws.n_producers == ws.slots == 2
+    assert s.tasks["sum-0"].state == "queued"
+    return s
+
+
+def test_a_throttled_worker_whose_slots_hold_deferred_producers_takes_a_new_consumer(
+    make_state: Factory,
+) -> None:
+    """A user audit's hang (dask's paused-worker deadlock): every slot of two throttled
+    workers held by deferred producers, a ready ``sum-partial`` (inputs in memory, a
+    category not finished yet: long, so it waits for a core free of tasks) was queued
+    for good. Deferred producers hold no thread: the consumer is sent at once."""
+    s = producers_hold_every_slot(make_state)
+    cmds = throttle(s, "w1", now=100.0)
+    assert [(c.worker, [t.key for t in c.tasks]) for c in of(cmds, Execute)] == [("w1", ["sum-0"])]
+    assert [t.producer for t in of(cmds, Execute)[0].tasks] == [False]
+    ws = s.workers["w1"]
+    assert "sum-0" in on(s, "w1") and len(ws.processing) == 3 and ws.n_producers == 2
+    # A consumer runs there: no stall while it does.
+    assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
+
+
 def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_throttle(
     make_state: Factory,
 ) -> None:
