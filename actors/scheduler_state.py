@@ -4991,8 +4991,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _watch_memory(self) -> None:
         """The memory watchdog (the module docstring), per pool: a pool whose every
         worker is throttled, none of them away, none running a consumer, no consumer
-        ready to go there and tasks of the pool waiting, for ``stall_timeout``, fails
-        those tasks with :class:`~runtime.errors.MemoryStalled`, unless a task running
+        ready with a slot open there (``_slot_open``) and tasks of the pool waiting,
+        for ``stall_timeout``, fails those tasks with
+        :class:`~runtime.errors.MemoryStalled`, unless a task running
         or ready elsewhere reads an output held there (``_read_elsewhere``: then its
         clock starts again); the other pools run on. ``"*"`` (the tasks of any pool, which
         any worker may run) only when every worker is throttled, and then every task
@@ -5025,9 +5026,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Why pool ``key``, every worker of which is throttled, is not stalled for
         memory ("": it is): nothing of the pool was submitted, a worker of it is away
         (held for its rejoin, it cannot say its memory came down), a consumer runs on
-        one of its workers (it may free memory), one is ready to go there, or nothing
-        of the pool waits (memory held is the results). No scan of tasks: its workers,
-        the ready heads, the counters."""
+        one of its workers (it may free memory), one is ready and a worker of the pool
+        has a slot open for it (``_slot_open``: a consumer waiting for slots that
+        deferred producers hold waits for ever), or nothing of the pool waits (memory
+        held is the results). No scan of tasks: its workers, the ready heads, the
+        counters."""
         pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
@@ -5041,7 +5044,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 continue
             while heap and not _live(heap[0], False):
                 heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
-            if heap:
+            if heap and any(_slot_open(ws) for ws in workers.values()):
                 return "a consumer can still be placed"
         if pool is None:
             counts = self.by_state
@@ -5549,6 +5552,15 @@ def _taken(ws: WorkerState) -> int:
     memory they wait for."""
     n = len(ws.processing) + _cores_held(ws)
     return n - ws.n_producers if ws.throttled else n
+
+
+def _slot_open(ws: WorkerState) -> bool:
+    """``ws`` takes new work and holds fewer tasks, copies and held threads than its
+    slots, deferred producers counted: a consumer ready can still be placed there
+    (the memory watchdog's test, ``_memory_moves``; not ``_taken``'s count, so that a
+    consumer kept from a throttled worker's deferred producers' slots, whatever kept
+    it, is a stall, not progress)."""
+    return _takes_new(ws) and len(ws.processing) + _cores_held(ws) < ws.slots
 
 
 def _core_free(ws: WorkerState) -> bool:

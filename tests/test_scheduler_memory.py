@@ -1103,6 +1103,36 @@ def test_no_stall_while_a_consumer_runs_or_a_worker_is_not_throttled(
     assert not s.stalled_since
 
 
+def test_a_consumer_no_slot_is_open_for_is_a_stall_not_progress(make_state: Factory) -> None:
+    """The audit's hang once more, the consumer kept out for another reason (it needs 2
+    cores; the worker has 1): every slot of the throttled worker is held by deferred
+    producers, so the ready consumer cannot be placed. The watchdog counted it as "a
+    consumer can still be placed" at every tick and never fired; now it declares the
+    stall after ``stall_timeout``."""
+    s = producers_hold_every_slot(make_state, {"resources": {"cores": 2}})
+    assert of(throttle(s, "w1", now=100.0), Execute) == []
+    assert s.stalled_since == {"*": 100.0}
+    assert of(tick(s, 104.9), KeyErred) == []
+    errors = of(tick(s, 105.0), KeyErred)
+    assert {e.key for e in errors} == {"sum-0", *(f"load-{i}" for i in range(1, 6))} - {
+        k for k, ts in s.tasks.items() if ts.state == "memory"
+    }
+    assert errors and all(isinstance(e.error, MemoryStalled) for e in errors)
+
+
+def test_a_consumer_with_a_slot_open_for_it_still_counts_as_progress(
+    make_state: Factory,
+) -> None:
+    """The same consumer with one of the worker's slots open (one deferred producer
+    there): it may still be placed, and the clock does not run."""
+    s = producers_hold_every_slot(make_state, {"resources": {"cores": 2}})
+    throttle(s, "w1", now=100.0)
+    key = sorted(on(s, "w1"))[0]
+    run(s, event_at(finish_event(s, "w1", key), 101.0))
+    assert len(s.workers["w1"].processing) == 1  # no producer goes to a throttled worker
+    assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
+
+
 def test_held_results_alone_are_not_a_stall(make_state: Factory) -> None:
     # The persist case once it is done: memory is full of wanted results, nothing runs.
     s = make_state(saturation=1.0, stall_timeout=5.0)
