@@ -4991,7 +4991,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _watch_memory(self) -> None:
         """The memory watchdog (the module docstring), per pool: a pool whose every
         worker is throttled, none of them away, none running a consumer, no consumer
-        ready with a slot open there (``_slot_open``) and tasks of the pool waiting,
+        ready with room for it there (``_room_for``) and tasks of the pool waiting,
         for ``stall_timeout``, fails those tasks with
         :class:`~runtime.errors.MemoryStalled`, unless a task running
         or ready elsewhere reads an output held there (``_read_elsewhere``: then its
@@ -5027,7 +5027,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         memory ("": it is): nothing of the pool was submitted, a worker of it is away
         (held for its rejoin, it cannot say its memory came down), a consumer runs on
         one of its workers (it may free memory), one is ready and a worker of the pool
-        has a slot open for it (``_slot_open``: a consumer waiting for slots that
+        has room for it (``_room_for``: a consumer waiting for slots or cores that
         deferred producers hold waits for ever), or nothing of the pool waits (memory
         held is the results). No scan of tasks: its workers, the ready heads, the
         counters."""
@@ -5044,7 +5044,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 continue
             while heap and not _live(heap[0], False):
                 heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
-            if heap and any(_slot_open(ws) for ws in workers.values()):
+            if heap and any(self._room_for(heap[0][3], ws) for ws in workers.values()):
                 return "a consumer can still be placed"
         if pool is None:
             counts = self.by_state
@@ -5055,6 +5055,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ):
             return "nothing of the pool to run"
         return ""
+
+    def _room_for(self, ts: TaskState, ws: WorkerState) -> bool:
+        """The memory watchdog's test (``_memory_moves``) that consumer ``ts``, ready,
+        can still be placed on ``ws``: ``ws`` takes new work and holds fewer tries than
+        its slots, and than its cores if ``ts`` is long (``_long``), deferred producers
+        counted. Not ``_taken``'s count, by which placement leaves them out: a consumer
+        kept from the slots or cores that a throttled worker's deferred producers hold,
+        whatever kept it, is a stall, not progress (a user audit's hang: the watchdog
+        counted such a ``sum-partial`` as progress at every tick and never fired)."""
+        n = len(ws.processing) + _cores_held(ws)
+        return _takes_new(ws) and n < ws.slots and (n < ws.cores or not self._long(ts))
 
     def _read_elsewhere(self, members: dict[str, WorkerState]) -> bool:
         """A task that runs on a worker not in ``members``, or a consumer ready in a
@@ -5552,15 +5563,6 @@ def _taken(ws: WorkerState) -> int:
     memory they wait for."""
     n = len(ws.processing) + _cores_held(ws)
     return n - ws.n_producers if ws.throttled else n
-
-
-def _slot_open(ws: WorkerState) -> bool:
-    """``ws`` takes new work and holds fewer tasks, copies and held threads than its
-    slots, deferred producers counted: a consumer ready can still be placed there
-    (the memory watchdog's test, ``_memory_moves``; not ``_taken``'s count, so that a
-    consumer kept from a throttled worker's deferred producers' slots, whatever kept
-    it, is a stall, not progress)."""
-    return _takes_new(ws) and len(ws.processing) + _cores_held(ws) < ws.slots
 
 
 def _core_free(ws: WorkerState) -> bool:

@@ -266,16 +266,18 @@ def test_under_pressure_consumers_go_before_producers_whatever_graph_order(
 
 
 def producers_hold_every_slot(
-    make_state: Factory, consumer: dict[str, Any] | None = None
+    make_state: Factory, consumer: dict[str, Any] | None = None, known: bool = False
 ) -> SchedulerState:
     """One 1-core worker (2 slots), both held by loads (producers of a known, short
     category), and ``sum-0``, a consumer of a category with no finished try (long:
-    ``unknown_long``), queued with its input in memory there, waiting for the core
-    (``consumer``: changes to its spec)."""
+    ``unknown_long``; ``known``: one of its category finished, short), queued with its
+    input in memory there, waiting for the core (``consumer``: changes to its spec)."""
     s = make_state(stall_timeout=5.0)
     join(s, "w1")
-    warm = ["load-w0", "load-w1"]
-    submit(s, dict.fromkeys(warm, ()), warm)
+    warm: dict[str, list[str]] = {"load-w0": [], "load-w1": []}
+    if known:
+        warm["sum-w0"] = ["load-w0"]
+    submit(s, warm, list(warm))
     while on(s, "w1"):
         finish_all(s, "w1", sorted(on(s, "w1")), duration=0.01, nbytes=50 * MB)
     table: dict[str, list[str]] = {f"load-{i}": [] for i in range(6)}
@@ -1120,16 +1122,33 @@ def test_a_consumer_no_slot_is_open_for_is_a_stall_not_progress(make_state: Fact
     assert errors and all(isinstance(e.error, MemoryStalled) for e in errors)
 
 
-def test_a_consumer_with_a_slot_open_for_it_still_counts_as_progress(
+def test_a_new_consumer_whose_core_a_deferred_producer_holds_is_a_stall(
     make_state: Factory,
 ) -> None:
-    """The same consumer with one of the worker's slots open (one deferred producer
-    there): it may still be placed, and the clock does not run."""
+    """One slot open (one deferred producer left), but the consumer, of a category with
+    no finished try, goes only to a core free of tasks, and the producer holds the
+    core: it cannot be placed there either, and the stall is declared."""
     s = producers_hold_every_slot(make_state, {"resources": {"cores": 2}})
     throttle(s, "w1", now=100.0)
     key = sorted(on(s, "w1"))[0]
-    run(s, event_at(finish_event(s, "w1", key), 101.0))
+    run(s, event_at(finish_event(s, "w1", key), 101.0))  # progress: the clock restarts
     assert len(s.workers["w1"].processing) == 1  # no producer goes to a throttled worker
+    assert of(tick(s, 105.9), KeyErred) == [] and s.stalled_since == {"*": 101.0}
+    errors = of(tick(s, 106.0), KeyErred)
+    assert "sum-0" in {e.key for e in errors}
+    assert all(isinstance(e.error, MemoryStalled) for e in errors)
+
+
+def test_a_consumer_with_a_slot_open_for_it_still_counts_as_progress(
+    make_state: Factory,
+) -> None:
+    """The same with the consumer's category known to be short: it may take the open
+    slot, and the clock does not run."""
+    s = producers_hold_every_slot(make_state, {"resources": {"cores": 2}}, known=True)
+    throttle(s, "w1", now=100.0)
+    key = sorted(on(s, "w1"))[0]
+    run(s, event_at(finish_event(s, "w1", key), 101.0))
+    assert len(s.workers["w1"].processing) == 1
     assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
 
 
