@@ -51,7 +51,8 @@ worker that leaves loses nothing, so its going spares no recompute. A worker tha
 leaves copies each needed output it holds, its own or fetched, that no worker that stays
 holds and no other leaving holder's plan copies (``_to_evacuate``: several workers
 stopped together copy an output they all hold once); one that goes without a planned
-copy has it asked of another leaving holder (``_evacuate_unmade``).
+copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
+to a worker whose memory limit less its memory now has room for it (``_has_room``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -2170,19 +2171,22 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self, ws: WorkerState, needed: Iterable[TaskState], *going: WorkerState
     ) -> tuple[tuple[Key, str, int], ...]:
         """Where leaving ``ws`` copies each output of ``needed``: largest first, each to
-        the survivor of ``going`` (:meth:`_survivors`) that will then hold the fewest
-        bytes; one it would not fit is computed again instead. Each move is planned
+        the survivor of ``going`` (:meth:`_survivors`) with room for it in its memory
+        (:func:`_has_room`) that will then hold the fewest bytes; one that fits no
+        survivor is computed again instead, as a lost output is. Each move is planned
         (``evac_planned``) until ``ws`` says which copies it made."""
         targets = self._survivors(*going)
         if not targets:
             return ()
         held = {w.id: sum(t.nbytes for t in w.has_what) for w in targets}
+        added = dict.fromkeys(held, 0)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
-            target = min(targets, key=lambda w: (held[w.id], w.id))
-            if not ts.file and target.memory and held[target.id] + ts.nbytes > target.memory:
-                continue  # it would not fit anywhere better: recompute it instead
-            held[target.id] += ts.nbytes
+            fits = [w for w in targets if _has_room(w, ts, held[w.id], added[w.id])]
+            if not fits:
+                continue  # no survivor has room for it: recompute it instead
+            target = min(fits, key=lambda w: (held[w.id] + added[w.id], w.id))
+            added[target.id] += ts.nbytes
             moves.append((ts.key, target.id, ts.nbytes))
             self.evac_planned.setdefault(target.id, {})[ts.key] = ws.id
         return tuple(moves)
@@ -2340,6 +2344,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if not targets:
             return
         held = self._held_and_coming(targets)
+        added = dict.fromkeys(held, 0)
         planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
             if self.copying.get(ts.key) or ts.key in planned:
@@ -2352,12 +2357,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 for w in targets
                 if w.id not in failed
                 and w.disk_free() >= ts.nbytes
-                and (not w.memory or ts.file or held[w.id] + ts.nbytes <= w.memory)
+                and _has_room(w, ts, held[w.id], added[w.id])
             ]
             if not fits:
                 continue
-            to = min(fits, key=lambda w: (held[w.id], w.id))
-            held[to.id] += ts.nbytes
+            to = min(fits, key=lambda w: (held[w.id] + added[w.id], w.id))
+            added[to.id] += ts.nbytes
             self.copying.setdefault(ts.key, {})[to.id] = ts.nbytes
             self.evacuating.add((ts.key, to.id))
             self.storage.copy_sent(ts.key, to.id, ws.id, self._now)
@@ -5545,6 +5550,14 @@ def _takes_new(ws: WorkerState) -> bool:
     """``ws`` may be given new work (a task, a copy, an evacuated output): it neither
     drains nor is suspended nor away (its connection dropped, its id held)."""
     return not (ws.draining or ws.suspended) and ws.away is None
+
+
+def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int) -> bool:
+    """An evacuated copy of ``ts``'s output fits in ``ws``'s memory: its limit less what
+    it holds now (its RSS as last told, or the ``held`` bytes of its outputs if more)
+    and less the ``added`` bytes already planned its way is at least the output's size.
+    A file output (on disk) and a worker with no limit always have room."""
+    return ts.file or not ws.memory or max(ws.rss, held) + added + ts.nbytes <= ws.memory
 
 
 def _cores_held(ws: WorkerState) -> int:

@@ -38,6 +38,7 @@ from actors.scheduler_events import (
     WorkerJoined,
     WorkerLeaving,
     WorkerLeft,
+    WorkerMemory,
 )
 from actors.worker import Leave, Worker
 from runtime import Cluster
@@ -84,6 +85,73 @@ def test_the_core_plans_copies_of_needed_outputs_held_only_by_the_leaving_worker
     out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", "c"),)))
     assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"c"}
     assert s.tasks["y"].state != "memory"  # its copy was not reported: computed again
+
+
+def rss(s: Any, worker: str, nbytes: int) -> None:
+    run(s, event(WorkerMemory, worker=worker, throttled=False, rss=nbytes,
+                 throttle_at=700, limit=1000))  # fmt: skip
+
+
+@pytest.mark.parametrize(("c_rss", "moves"), [(600, (("x", "c", 300),)), (750, ())])
+def test_a_leaving_workers_output_goes_only_where_the_memory_left_takes_it(
+    make_state: Factory, c_rss: int, moves: tuple[Any, ...]
+) -> None:
+    """Audit memory F2: a survivor's memory limit less its memory now (its RSS) must
+    take the copy: b, the emptiest of outputs but at 800 of its 1000 bytes, takes none
+    of 300; c at 600 does. With c at 750 no survivor has room: nothing is copied, and
+    the output is computed again if needed, as a lost output is."""
+    s = make_state(saturation=1.0)
+    join(s, "a", memory=1000)
+    submit(s, {"x": []}, ["x"])
+    finish(s, "a", "x", nbytes=300)
+    for w, used in (("b", 800), ("c", c_rss)):
+        join(s, w, memory=1000)
+        rss(s, w, used)
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", moves)]
+
+
+def test_a_drained_workers_output_goes_only_where_the_memory_left_takes_it(
+    make_state: Factory,
+) -> None:
+    """The same for the copies off a drained worker before it is retired: b, with the
+    fewest outputs but its RSS at 800 of 1000, takes none of 300; c does."""
+    s = make_state(saturation=1.0)
+    join(s, "a", memory=1000)
+    submit(s, {"x": []}, ["x"])
+    finish(s, "a", "x", nbytes=300)
+    for w, used in (("b", 800), ("c", 600)):
+        join(s, w, memory=1000)
+        rss(s, w, used)
+    out = run(s, event(WorkerDraining, worker="a"))
+    assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == [("c", "a", (("x", 300),))]
+
+
+def mebibyte(i: int) -> Any:
+    return np.full(2**17, float(i))
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_closing_a_cluster_copies_no_output_between_its_worker_processes() -> None:
+    """Audit memory F2 on worker processes: outputs a client still holds, on both
+    workers, when the ``async with`` block is left. The workers stop one after the
+    other; none copies an output to the other, nor is one computed again there."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2, port=52010, memory_per_worker="400MiB") as c:
+            await c.set_policy("placement", "round-robin")
+            futures = c.map(mebibyte, range(4))
+            await c.gather(futures)
+            sched = c._scheduler_actor
+            ran = {f.key: [e[2] for e in sched.state.story(f.key) if str(e[2]).startswith(
+                "runs-on:")] for f in futures}  # fmt: skip
+            assert {w for on in ran.values() for w in on} == {"runs-on:worker-1",
+                                                               "runs-on:worker-2"}  # fmt: skip
+    for f in futures:  # the stories are whole: every worker left and the cluster stopped
+        story = [str(e[2]) for e in sched.state.story(f.key)]
+        assert [e for e in story if "evacuat" in e] == [], story
+        assert [e for e in story if e.startswith("runs-on:")] == ran[f.key], story
+    assert sched.state.storage.transfers["evacuation"] == 0
 
 
 def produce(log: str, n: int) -> Any:
