@@ -1032,7 +1032,7 @@ class TaskCrashedWorkers(WorkerLost):
 
 #: a dask collection's task key as a string: ``('name-<token>', i, ...)`` (a plain
 #: ``name-<token>`` is also what ``submit`` and ``dask.delayed`` name a function's call)
-_DASK_KEY = re.compile(r"^\('([A-Za-z_][\w.]*?)-[0-9a-f]{32}', ")
+_DASK_KEY = re.compile(r"^\('([A-Za-z_][\w.-]*?)-[0-9a-f]{32}', ")
 
 #: what a task dask names so does with memory, and how to control it
 _DASK_STEPS = {
@@ -1045,15 +1045,22 @@ _DASK_STEPS = {
 }
 
 
-def dask_chunks_hint(key: str) -> str:
-    """Advice on the size of a task of a dask collection (its key's name: ``'name-<32
-    hex>'`` first in a tuple with the chunk's or partition's index), which the user may
-    never have written (dask's optimizer makes tasks such as ``repartitiontofewer``); ""
-    for any other key (a ``submit``'s ``'func-<token>'`` is the user's own function)."""
+def dask_name(key: str) -> str | None:
+    """The dask operation a task of a dask collection belongs to: its key's name
+    (``'name-<32 hex>'`` first in a tuple with the chunk's or partition's index, such as
+    ``rechunk-merge``); None for any other key (a ``submit``'s ``'func-<token>'``)."""
     found = _DASK_KEY.match(key)
-    if found is None:
+    return None if found is None else found.group(1)
+
+
+def dask_chunks_hint(key: str) -> str:
+    """Advice on the size of a task of a dask collection (:func:`dask_name`), which the
+    user may never have written (dask's optimizer makes tasks such as
+    ``repartitiontofewer``); "" for any other key (a ``submit``'s ``'func-<token>'`` is
+    the user's own function)."""
+    name = dask_name(key)
+    if name is None:
         return ""
-    name = found.group(1)
     step = _DASK_STEPS.get(name)
     what = (
         f"; {step}"
@@ -1430,13 +1437,21 @@ class TaskTooLarge(CorralError):
         need, limit = size_text(needed), size_text(largest)
         if need == limit:  # just over: say by how much
             need, limit = f"{need} ({needed:,} bytes)", f"{limit}, {largest:,} bytes"
+        name = dask_name(key)
+        if name is None or name.startswith("finalize"):  # a result to gather, or not dask's
+            advice = (
+                "Write large results to storage from the workers (for example dask.array's "
+                "to_zarr or dask.dataframe's to_parquet) instead of computing them into one "
+                "value, reduce them before gathering, or start workers with a larger --memory."
+            )
+        else:  # a step inside a dask graph: its chunks are too large
+            advice = (
+                "Make the chunks (or partitions) it reads smaller, or start workers with a "
+                f"larger --memory.{dask_chunks_hint(key)}"
+            )
         super().__init__(
             f"task {key!r} needs at least {need} of inputs in memory at once, more "
-            f"than the largest memory limit {where} ({limit}); it was not "
-            "started. Write large results to storage from the workers (for example "
-            "dask.array's to_zarr or dask.dataframe's to_parquet) instead of computing them "
-            "into one value, reduce them before gathering, or start workers with a larger "
-            "--memory.",
+            f"than the largest memory limit {where} ({limit}); it was not started. {advice}",
             key=key,
             needed=needed,
             largest=largest,

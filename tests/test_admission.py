@@ -440,3 +440,32 @@ async def test_the_issue_case_through_the_cli_fails_within_seconds_with_task_too
     assert took < 20, took
     assert len(status["workers"]) == 2
     assert all(0 < peak < WORKER_MEMORY for peak in peaks.values()), peaks
+
+
+def test_too_large_advice_fits_the_kind_of_task() -> None:
+    """Audit memory F4: a task inside a dask graph (a ``rechunk-merge`` of chunks larger
+    than a worker) was told to write results to storage and reduce them before
+    gathering; its chunks are what is too large. A ``finalize`` task (the result being
+    gathered) and a ``submit``'s own key keep the advice about results."""
+    token = "d489c2ccf69001ced682c234b6e12028"
+    start = (
+        "task {!r} needs at least 600.0 MiB of inputs in memory at once, more than the "
+        "largest memory limit of any worker (400.0 MiB); it was not started. "
+    )
+    key = f"('rechunk-merge-sum-{token}', 0, 1)"
+    assert str(TaskTooLarge(key, 600 * 2**20, 400 * 2**20, None)) == start.format(key) + (
+        "Make the chunks (or partitions) it reads smaller, or start workers with a larger "
+        "--memory. ('rechunk-merge-sum' is the dask operation this task belongs to: where "
+        "your code does not call it, dask made it from your collection; its memory follows "
+        "the partitions (chunks) it reads and writes, set where the collection is made or "
+        "reshaped: npartitions, partition_size, a groupby's split_out for a dask.dataframe, "
+        "chunks for a dask.array.)"
+    )
+    results = (
+        "Write large results to storage from the workers (for example dask.array's to_zarr "
+        "or dask.dataframe's to_parquet) instead of computing them into one value, reduce "
+        "them before gathering, or start workers with a larger --memory."
+    )
+    for key in (f"('finalize-{token}', 0)", f"finalize-hlgfinalizecompute-{token}", "use-1"):
+        text = str(TaskTooLarge(key, 600 * 2**20, 400 * 2**20, None))
+        assert text == start.format(key) + results, key
