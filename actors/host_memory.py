@@ -24,6 +24,7 @@ from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
 from runtime.errors import size_text
 
 __all__ = [
+    "CORES_FLAG",
     "MOST_WAIT",
     "SETTLE",
     "HostLedger",
@@ -58,17 +59,24 @@ def overcommit_text(cmd: HostOvercommitted) -> str:
     )
 
 
-def cores_overcommit_text(cmd: HostOvercommitted) -> str:
+#: what a cores warning asks for, ``{cpus}`` the CPUs: workers started by hand (or a
+#: pool's) declare their cores with ``--cores``; an embedded ``Cluster`` says its own
+#: keywords instead (``Scheduler(cores_advice=...)``)
+CORES_FLAG = "give the workers --cores that add up to {cpus} or fewer"
+
+
+def cores_overcommit_text(cmd: HostOvercommitted, advice: str = CORES_FLAG) -> str:
     """What the manager logs and shows of a ``"cores"`` warning: which workers, the
-    cores they declare and the CPUs the machine lets them use. Only a warning: tasks
-    that wait on I/O may want more slots than CPUs."""
+    cores they declare and the CPUs the machine lets them use, and ``advice`` (with
+    ``{cpus}``) on what to change. Only a warning: tasks that wait on I/O may want more
+    slots than CPUs."""
     names = ", ".join(f"{w} ({n})" for w, n in cmd.workers)
     return (
         f"host {cmd.host}: the cores of its workers {names} add up to {cmd.claimed}, more "
         f"than the {cmd.host_memory} CPUs it lets them use; their tasks share those CPUs "
         f"and run slower than the dashboard's capacity says. If that is meant (tasks that "
-        f"mostly wait on I/O), this is only a warning; else give the workers --cores that "
-        f"add up to {cmd.host_memory} or fewer"
+        f"mostly wait on I/O), this is only a warning; else "
+        f"{advice.format(cpus=cmd.host_memory)}"
     )
 
 

@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 
 import runtime.graph
-from actors.host_memory import HostLedger, cores_overcommit_text, overcommit_text
+from actors.host_memory import CORES_FLAG, HostLedger, cores_overcommit_text, overcommit_text
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
@@ -390,8 +390,12 @@ class Scheduler(Actor):
         config: SchedulerConfig | None = None,
         policies: PolicyRegistry = REGISTRY,
         initial: dict[str, tuple[str, dict[str, Any]]] | None = None,
+        cores_advice: str = CORES_FLAG,
     ) -> None:
         self.policy_registry = policies
+        #: the end of a cores warning: what to change, ``{cpus}`` the CPUs (an embedded
+        #: cluster's workers are sized by its keywords, not by --cores)
+        self.cores_advice = cores_advice
         if "scaling" in (initial or {}):
             raise ValueError(
                 "the scaling policy belongs to the autoscaler: choose it with "
@@ -943,7 +947,7 @@ class Scheduler(Actor):
             text = (
                 shared_disk_text(cmd)
                 if disk
-                else cores_overcommit_text(cmd)
+                else cores_overcommit_text(cmd, self.cores_advice)
                 if cores
                 else overcommit_text(cmd)
             )

@@ -422,6 +422,17 @@ def _policy_call(info: PolicyInfo) -> str:
     return f"await cluster.set_policy({info.kind!r}, {info.name!r}{params})"
 
 
+def _cores_advice(processes: bool) -> str:
+    """What the warning that this machine's workers declare more cores than it has CPUs
+    asks an embedded cluster for: its own keywords, not the --cores of a worker started
+    by hand (``{cpus}``: the CPUs)."""
+    count = "processes" if processes else "workers"
+    return (
+        f"start the Cluster with {count} times threads_per_worker (each worker's cores) "
+        "adding up to {cpus} or fewer"
+    )
+
+
 def _policies_left_news(
     set_here: Mapping[str, tuple[PolicyInfo | None, PolicyInfo]],
     in_force: Sequence[PolicyInfo],
@@ -2188,6 +2199,7 @@ class Cluster:
         fixed: dict[str, Any] = {
             "fixed": (self.pool, shape, "Cluster(...)"),
             "closed": self._closed,
+            "cores_advice": _cores_advice(self.processes is not None),
         }
         if self.processes is not None:
             plane = await start_control_plane(

@@ -55,6 +55,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.executor import kill_task_processes
+from actors.host_memory import CORES_FLAG
 from actors.manager import GC_THRESHOLD, GcTuning, Manager, process_figures
 from actors.pools import (
     PoolConfig,
@@ -429,6 +430,7 @@ async def start_control_plane(
     fixed: tuple[str, PoolShape, str] | None = None,
     closed: str = "",
     settings: Mapping[str, Any] | None = None,
+    cores_advice: str = CORES_FLAG,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
@@ -452,7 +454,9 @@ async def start_control_plane(
     (``"runtime.get"``) when no worker but its own can ever join it: a task naming
     another pool is refused at submit (``Manager.closed``). ``settings``: more
     :class:`~actors.scheduler_records.SchedulerConfig` settings by name (a manager's
-    ``[scheduler]`` table with its flags), over the arguments above.
+    ``[scheduler]`` table with its flags), over the arguments above. ``cores_advice``:
+    what the warning of a machine's workers declaring more cores than it has CPUs asks
+    for (``{cpus}`` its CPUs; an embedded cluster names its own keywords).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -484,6 +488,7 @@ async def start_control_plane(
         lambda: refs["registry"],
         config=config,
         initial=policies,
+        cores_advice=cores_advice,
     )
     plane.scheduler = scheduler
     # No restarts for the scheduler: a failure there is a bug that may have left its

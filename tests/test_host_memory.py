@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 
@@ -32,8 +33,9 @@ from actors.scheduler_events import (
 from actors.scheduler_state import SchedulerState
 from actors.worker import host_cpus
 from runtime import Cluster
+from runtime.client import _cores_advice
 from runtime.node import pool_worker_argv
-from tests.helpers import ROOT, Cli, Factory, make_state, run
+from tests.helpers import ROOT, Cli, Factory, make_state, run, wait_until
 
 __all__ = ["make_state"]  # the fixture, used by name
 
@@ -303,3 +305,48 @@ def test_a_memory_share_under_the_least_says_which_fraction_in_words_right_for_a
     assert f"--memory-share {n}: 1/{n} of this machine's {total // 2**20} MiB is {share} MiB," in (
         str(info.value)
     ), info.value
+
+
+def test_an_embedded_clusters_cores_warning_asks_for_its_own_keywords() -> None:
+    """Audit memory F6: ``Cluster(processes=3)`` on a 2-CPU host was told to "give the
+    workers --cores", a flag its user never passed: its workers' cores are its
+    ``processes`` (or ``workers``) times ``threads_per_worker``."""
+    warned = HostOvercommitted("t", HOST, 2, 3, (("worker-1", 1), ("worker-2", 1),
+                                                 ("worker-3", 1)), 3, "cores")  # fmt: skip
+    start = (
+        f"host {HOST}: the cores of its workers worker-1 (1), worker-2 (1), worker-3 (1) add "
+        "up to 3, more than the 2 CPUs it lets them use; their tasks share those CPUs and run "
+        "slower than the dashboard's capacity says. If that is meant (tasks that mostly wait "
+        "on I/O), this is only a warning; else "
+    )
+    for processes, count in ((True, "processes"), (False, "workers")):
+        assert cores_overcommit_text(warned, _cores_advice(processes)) == start + (
+            f"start the Cluster with {count} times threads_per_worker (each worker's cores) "
+            "adding up to 2 or fewer"
+        )
+    assert cores_overcommit_text(warned) == start + (
+        "give the workers --cores that add up to 2 or fewer"
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_cluster_of_worker_processes_on_too_few_cpus_names_its_keywords() -> None:
+    """The same with real worker processes: this process (and so its workers) may use
+    one CPU, and ``Cluster(processes=2)`` starts two workers of one core each. The
+    warning the manager keeps for the status asks for the Cluster's keywords."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})  # the workers inherit it
+    try:
+        with anyio.fail_after(LIMIT):
+            async with Cluster(processes=2, port=52020, memory_per_worker="200MiB") as c:
+                warnings = c._scheduler_actor.host_warnings
+                text = await wait_until(
+                    lambda: next((w for k, w in warnings.items() if k.endswith(" cores")), "")
+                )
+    finally:
+        os.sched_setaffinity(0, before)
+    assert text.endswith(
+        "else start the Cluster with processes times threads_per_worker (each worker's cores) "
+        "adding up to 1 or fewer"
+    ), text
