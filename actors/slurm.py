@@ -885,20 +885,12 @@ class SlurmProvider(Provider):
         self._ids += 1
         n = self._ids
         block_id = f"block-{n}"
-        wids = [
-            f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
-            for i in range(spec.workers)
-        ]
-        workers = [(w, list(self.argv_for(block_id, i))) for i, w in enumerate(wids)]
+        wids, text = self.block_script(n, spec)
         base = self.run_dir / block_id
         script = base.with_suffix(".sh")
         stdout, stderr = base.with_suffix(".out"), base.with_suffix(".err")
-        env_file = self._write_env(base.with_suffix(".env")) if self.env else None
-        text = batch_script(
-            block_id=block_id, job_name=f"corral-{self.prefix}-{n}", workers=workers,
-            spec=spec, options=self.options, output=stdout, error=stderr,
-            env_file=env_file, script=script, chdir=self.chdir,
-        )  # fmt: skip
+        if self.env:
+            self._write_env(base.with_suffix(".env"))
         script.write_text(text)
         script.chmod(0o700)
         try:
@@ -928,6 +920,24 @@ class SlurmProvider(Provider):
             "block submitted", pool=spec.pool, block=block_id, job=job_id, script=str(script)
         )
         return block
+
+    def block_script(self, n: int, spec: BlockSpec) -> tuple[list[str], str]:
+        """The worker ids and the batch script of block ``block-<n>`` of ``spec``: what
+        :meth:`start_block` writes to ``run_dir/block-<n>.sh`` (nothing is written here)."""
+        block_id = f"block-{n}"
+        wids = [
+            f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
+            for i in range(spec.workers)
+        ]
+        base = self.run_dir / block_id
+        text = batch_script(
+            block_id=block_id, job_name=f"corral-{self.prefix}-{n}",
+            workers=[(w, list(self.argv_for(block_id, i))) for i, w in enumerate(wids)],
+            spec=spec, options=self.options, output=base.with_suffix(".out"),
+            error=base.with_suffix(".err"), env_file=base.with_suffix(".env") if self.env else None,
+            script=base.with_suffix(".sh"), chdir=self.chdir,
+        )  # fmt: skip
+        return wids, text
 
     async def stop_block(self, block: Block) -> None:
         """``scancel`` the block's job; SCALED_IN. A block that already ended keeps its
@@ -1014,13 +1024,12 @@ class SlurmProvider(Provider):
             raise ValueError(f"block {block.block_id!r} does not come from this provider")
         return job
 
-    def _write_env(self, path: Path) -> Path:
+    def _write_env(self, path: Path) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             for k, v in self.env.items():
                 f.write(f"export {k}={shlex.quote(v)}\n")
         os.chmod(path, 0o600)
-        return path
 
     def _set(self, job: _Job, state: BlockState, detail: str) -> None:
         block = job.block
