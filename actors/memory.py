@@ -255,7 +255,10 @@ def floor_at_start(config: MemoryConfig, rss: int) -> str | None:
     (docs/memory.md#the-floor-memory-that-is-not-outputs)."""
     if rss < config.resume_at:
         return None
-    return floor_warning(rss, config.resume_at, config.at(config.throttle), config.limit)
+    return floor_warning(
+        rss, config.resume_at, config.at(config.throttle), config.limit,
+        execution=config.execution, at_start=True,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- reports
@@ -538,7 +541,10 @@ class MemoryGovernor:
         cfg = self.config
         if not self.moved:
             return ""
-        return floor_warning(self.floor, cfg.resume_at, cfg.at(cfg.throttle), cfg.limit)
+        return floor_warning(
+            self.floor, cfg.resume_at, cfg.at(cfg.throttle), cfg.limit,
+            execution=cfg.execution, at_start=False,
+        )  # fmt: skip
 
     @property
     def level(self) -> float:

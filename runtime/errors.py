@@ -966,20 +966,60 @@ PAST_LIMIT_ADVICE = (
 )
 
 
-def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> str:
+#: How to get back memory a worker process keeps that no spilling frees (a task's data
+#: in a global or a cache): a fresh worker process
+RESTART_ADVICE = (
+    "restart those workers (drain them: the console's 'drain WORKER', or scale the pool in and out)"
+)
+
+
+def floor_warning(
+    floor: int, resume_at: int, throttle_at: int, limit: int, *, execution: str, at_start: bool
+) -> str:
     """Say that a worker's floor ``floor`` (bytes) is at or past its resume mark
-    ``resume_at`` (its throttle fence ``throttle_at``, limit ``limit``), and what to do."""
+    ``resume_at`` (its throttle fence ``throttle_at``, limit ``limit``), and what to do
+    for its ``execution`` (``"thread"`` or ``"process"``). A ``thread`` worker's floor
+    past its limit once tasks ran (not ``at_start``) is said to be, almost surely, a
+    task's data kept in a module global or a cache; its advice never names task
+    processes, which it has none of."""
     f, r, t, lim = memory_sizes(floor, resume_at, throttle_at, limit, top=limit)
-    return (
+    head = (
         f"memory that is not outputs is {f} (the worker's floor: its RSS holding no output "
-        "in memory and running no task: libraries, task processes, memory the allocator "
-        f"keeps), at or past its resume mark {r} (throttle fence {t}, limit "
-        f"{lim}), so spilling cannot bring it under that mark and outputs have little "
-        f"room; {FLOOR_ADVICE}"
+        "in memory and running no task: libraries, "
+    )
+    marks = (
+        f"at or past its resume mark {r} (throttle fence {t}, limit {lim}), so spilling "
+        "cannot bring it under that mark and outputs have little room"
+    )
+    if execution == "process":
+        return f"{head}task processes, memory the allocator keeps), {marks}; {FLOOR_ADVICE}"
+    kept = "memory the allocator keeps, what its tasks keep in globals or caches)"
+    if floor < limit or at_start:
+        return (
+            f"{head}{kept}, {marks}; give workers more memory (--memory, a pool's "
+            "memory_per_worker). Its tasks run in threads of the worker's own process: "
+            "if its floor grows as they run, a task keeps data in a module global or a "
+            f"cache; free it in the task, and {RESTART_ADVICE}"
+        )
+    return (
+        f"{head}{kept}, at or past its limit {lim} (resume mark {r}, throttle fence {t}). "
+        "Its tasks run in threads of the worker's own process and libraries alone seldom "
+        "take a worker past its limit: this is almost surely a task that keeps data in a "
+        "module global or a cache (a module-level list it appends to, a cache without a "
+        "bound), which stays after the task ends. Free it in the task or bound the cache, "
+        f"and {RESTART_ADVICE}; with execution 'process' (--execution process) a task "
+        "process whose idle memory creeps up is replaced"
     )
 
 
-__all__ += ["FLOOR_ADVICE", "PAST_LIMIT_ADVICE", "floor_warning", "memory_sizes", "size_text"]
+__all__ += [
+    "FLOOR_ADVICE",
+    "PAST_LIMIT_ADVICE",
+    "RESTART_ADVICE",
+    "floor_warning",
+    "memory_sizes",
+    "size_text",
+]
 
 
 class MemoryConfigError(CorralError, ValueError):
@@ -1194,9 +1234,8 @@ class MemoryStalled(CorralError):
         held = "; ".join(f"{c!r} {size(b)} in {n} outputs" for c, b, n in holding[:5])
         other = (
             "something else takes it (a task that keeps data in a global or a cache, a "
-            "library's memory pool, memory the process has not given back). Restart those "
-            "workers (drain them: the console's 'drain WORKER', or scale the pool in and "
-            "out), or give them more memory."
+            "library's memory pool, memory the process has not given back). "
+            f"{RESTART_ADVICE[0].upper()}{RESTART_ADVICE[1:]}, or give them more memory."
         )
         if not held:
             advice = f"No output is in their memory: {other}"

@@ -1008,7 +1008,8 @@ def test_a_kill_for_memory_is_told_in_one_unit(make_state: Factory) -> None:
 def floor_report(s: SchedulerState, worker: str, floor: int, limit: int = 600 * MB) -> list[Any]:
     """A memory report of ``worker`` with its floor at (``floor``) or under (0) its
     resume mark, as its core says it (the configured marks of ``limit``)."""
-    text = floor_warning(floor, int(0.6 * limit), int(0.7 * limit), limit) if floor else ""
+    marks = (int(0.6 * limit), int(0.7 * limit), limit)
+    text = floor_warning(floor, *marks, execution="process", at_start=False) if floor else ""
     ev = event(WorkerMemory, worker=worker, throttled=False, rss=floor or 100 * MB,
                throttle_at=int(0.7 * limit), limit=limit, floor=floor,
                floor_warning=text)  # fmt: skip
@@ -1025,7 +1026,8 @@ def test_a_floor_past_the_resume_mark_is_shown_while_it_holds(make_state: Factor
     floor = 515477504  # the audit's: 491.6 MiB
     (said,) = floor_report(s, "w1", floor)
     assert said == WorkerFloor(said.stimulus_id, "w1", floor, floor_warning(
-        floor, int(0.6 * 600 * MB), int(0.7 * 600 * MB), 600 * MB))  # fmt: skip
+        floor, int(0.6 * 600 * MB), int(0.7 * 600 * MB), 600 * MB, execution="process",
+        at_start=False))  # fmt: skip
     assert said.warning.startswith("memory that is not outputs is 491.6 MiB")
     assert floor_report(s, "w1", floor) == []  # the same floor: said already
     (said,) = floor_report(s, "w1", 0)

@@ -366,7 +366,7 @@ def test_the_start_warning_says_the_floor_the_marks_and_what_to_do() -> None:
     from actors.memory import MemoryConfig, floor_at_start
     from runtime.errors import FLOOR_ADVICE
 
-    cfg = MemoryConfig(400 * MB)  # resume 240 MiB, throttle 280 MiB
+    cfg = MemoryConfig(400 * MB, execution="process")  # resume 240 MiB, throttle 280 MiB
     assert floor_at_start(cfg, 239 * MB) is None
     assert floor_at_start(cfg, 250 * MB) == (
         "memory that is not outputs is 250.0 MiB (the worker's floor: its RSS holding no "
@@ -375,6 +375,21 @@ def test_the_start_warning_says_the_floor_the_marks_and_what_to_do() -> None:
         "limit 400.0 MiB), so spilling cannot bring it under that mark and outputs have "
         f"little room; {FLOOR_ADVICE}"
     )
+    # A thread worker has no task processes; before any task ran, even past its limit,
+    # no task kept anything yet: more memory, and what a floor that grows would mean.
+    cfg = MemoryConfig(400 * MB)
+    for rss, size in ((250 * MB, "250.0 MiB"), (450 * MB, "450.0 MiB")):
+        assert floor_at_start(cfg, rss) == (
+            f"memory that is not outputs is {size} (the worker's floor: its RSS holding no "
+            "output in memory and running no task: libraries, memory the allocator keeps, "
+            "what its tasks keep in globals or caches), at or past its resume mark 240.0 "
+            "MiB (throttle fence 280.0 MiB, limit 400.0 MiB), so spilling cannot bring it "
+            "under that mark and outputs have little room; give workers more memory "
+            "(--memory, a pool's memory_per_worker). Its tasks run in threads of the "
+            "worker's own process: if its floor grows as they run, a task keeps data in a "
+            "module global or a cache; free it in the task, and restart those workers "
+            "(drain them: the console's 'drain WORKER', or scale the pool in and out)"
+        )
 
 
 async def ticks(n: int) -> None:

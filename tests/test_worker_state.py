@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from actors.memory import SPILL_GRACE, MemoryConfig
+from actors.memory import SPILL_GRACE, MemoryConfig, floor_at_start
 from actors.protocol import TaskResult, ToRun
 from actors.worker_state import (
     FLOOR_EVENT,
@@ -352,15 +352,78 @@ def test_an_idle_floor_past_the_resume_mark_is_a_warning_and_the_worker_resumes(
     finish(s, "c")
     feed(s, Spilled(0.3, ("c",)))  # idle: nothing runs, nothing in memory
     assert feed(s, MemorySampled(1.0, 650))[0] == Trim()
+    said = floor_warning(640, 600, 700, LIMIT, execution="thread", at_start=False)
     assert feed(s, MemorySampled(1.05, 640)) == [
         Log("warning", FLOOR_EVENT, (("floor", 640), ("resume", 690), ("throttle", 740),
-                                     ("warning", floor_warning(640, 600, 700, LIMIT)))),
+                                     ("warning", said))),
         ReportMemory(),
         Spill(640 - 540),
         Log("info", "unthrottled", (("rss", 640),)),
         ReportMemory(),
         Submit(task("p", producer=True)),
     ]  # fmt: skip
+
+
+def floor_said(execution: str, floor: int) -> str:
+    """The warning a 400 MiB worker of ``execution`` logs when, idle after a task and
+    holding nothing in memory, its floor is ``floor`` (resume 240 MiB, throttle 280 MiB)."""
+    cfg = MemoryConfig.of(400 * MB, {"execution": execution})
+    s = WorkerState("w", 1, cfg, killable=execution == "process")
+    feed(s, TasksAssigned(0.0, (task("c"),)))
+    finish(s, "c")
+    feed(s, Spilled(0.3, ("c",)))  # idle: nothing runs, nothing in memory
+    assert Trim() in feed(s, MemorySampled(1.0, floor + MB))
+    (said,) = [
+        c
+        for c in feed(s, MemorySampled(1.05, floor))
+        if isinstance(c, Log) and c.event == FLOOR_EVENT
+    ]
+    return str(dict(said.fields)["warning"])
+
+
+#: how a floor past its resume mark begins: the floor, and what it is made of
+FLOOR = (
+    "memory that is not outputs is {} (the worker's floor: its RSS holding no output in "
+    "memory and running no task: libraries, "
+)
+
+
+def test_a_thread_workers_floor_past_its_limit_is_said_to_be_a_leak_into_globals() -> None:
+    """The memory audit: each task of a thread worker appended 15 MiB to a module-level
+    list, its floor reached 525.1 MiB over its 400 MiB limit, and the warning blamed the
+    libraries and task processes, advising fewer task processes or execution 'thread'
+    (which it had). Past the limit on a thread worker it is a leak: it says so, and
+    nothing of task processes."""
+    assert floor_said("thread", int(525.1 * MB)) == (
+        FLOOR.format("525.1 MiB") + "memory the allocator keeps, what its tasks keep in "
+        "globals or caches), at or past its limit 400.0 MiB (resume mark 240.0 MiB, "
+        "throttle fence 280.0 MiB). Its tasks run in threads of the worker's own process "
+        "and libraries alone seldom take a worker past its limit: this is almost surely a "
+        "task that keeps data in a module global or a cache (a module-level list it "
+        "appends to, a cache without a bound), which stays after the task ends. Free it in "
+        "the task or bound the cache, and restart those workers (drain them: the console's "
+        "'drain WORKER', or scale the pool in and out); with execution 'process' "
+        "(--execution process) a task process whose idle memory creeps up is replaced"
+    )
+    # Under its limit: what its start warning says (more memory, or a leak if it grows;
+    # tests/test_worker_memory.py has its text), still nothing of task processes.
+    under = floor_said("thread", 300 * MB)
+    assert under == floor_at_start(MemoryConfig(400 * MB), 300 * MB)
+    assert "task process" not in under and "almost surely" not in under
+
+
+def test_a_process_workers_floor_names_its_task_processes() -> None:
+    """A process worker's floor holds a copy of the libraries per task process: fewer of
+    them, or threads, is the advice, past its limit or not."""
+    for floor, size in ((int(525.1 * MB), "525.1 MiB"), (300 * MB, "300.0 MiB")):
+        assert floor_said("process", floor) == (
+            FLOOR.format(size) + "task processes, memory the allocator keeps), at or past "
+            "its resume mark 240.0 MiB (throttle fence 280.0 MiB, limit 400.0 MiB), so "
+            "spilling cannot bring it under that mark and outputs have little room; give "
+            "workers more memory (--memory, a pool's memory_per_worker); with execution "
+            "'process', run fewer task processes (fewer --cores) or execution 'thread' "
+            "(each task process holds its own copy of the libraries)"
+        )
 
 
 def test_a_spill_spares_the_inputs_of_running_tasks_and_puts_waiting_ones_last() -> None:
