@@ -81,7 +81,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from runtime.errors import AlertConfigError, did_you_mean
-from runtime.messages import ANY_POOL, AlertInfo
+from runtime.messages import ANY_POOL, AlertInfo, pool_name_problem
 
 __all__ = [
     "AUDIT_ACTIONS",
@@ -732,8 +732,13 @@ def _scale_out(rule: str, raw: object, pools: Collection[str] | None = None) -> 
     if by is not None and (isinstance(by, bool) or not isinstance(by, int) or by < 1):
         raise AlertConfigError(rule, key + ".by", f"must be a whole number >= 1, got {by!r}")
     pool = raw.get("pool")
-    if pool is not None and (not isinstance(pool, str) or not pool):
-        raise AlertConfigError(rule, key + ".pool", f"must be a pool's name, got {pool!r}")
+    problem = "" if pool is None else pool_name_problem(pool)
+    if problem:
+        raise AlertConfigError(
+            rule, key + ".pool",
+            f"must be a pool's name, got {pool!r} ({problem}): name the pool to scale out, "
+            "or leave it out for the pool the alert's pool label names",
+        )  # fmt: skip
     if pool is not None and pools is not None and pool not in pools:
         raise AlertConfigError(rule, key + ".pool", _no_pool(pool, pools))
     cooldown = _seconds(rule, key + ".cooldown", raw.get("cooldown", 300.0))

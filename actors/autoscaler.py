@@ -54,6 +54,7 @@ from actors.autoscaler_state import (
     UndrainWorker,
     WorkersLeft,
     check_blocks,
+    check_pool,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
@@ -705,6 +706,7 @@ class Autoscaler(Actor):
     async def resume(self, msg: ResumeRequest) -> dict[str, object]:
         """An operator resumes ``msg.pool``: its provider submits again, and the core
         asks for its blocks now."""
+        check_pool(msg.pool, "resume", "the console's `resume gpu`, a pool status lists")
         provider = self.provider_for(msg.pool)
         if msg.pool not in self.state.pools:
             raise ValueError(f"there is no pool {msg.pool!r}")

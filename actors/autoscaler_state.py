@@ -142,7 +142,8 @@ from typing import Any
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
 from policies.problems import POLICY_ERROR_EVERY, PolicyProblems
 from policies.scaling import DELAYS_KEPT, HISTORY, LoadView, PoolLimits
-from runtime.messages import ANY_POOL
+from runtime.errors import PoolNameError
+from runtime.messages import ANY_POOL, pool_name_problem
 from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
@@ -186,6 +187,7 @@ __all__ = [
     "bounded_detail",
     "brief_detail",
     "check_blocks",
+    "check_pool",
 ]
 
 #: block states (``BlockState`` values in ``actors/providers.py``) that are not final
@@ -1606,13 +1608,27 @@ MAX_BLOCKS = 2**63 - 1
 
 def check_blocks(pool: str, n: object) -> None:
     """ValueError unless ``n`` is a whole number of blocks from 0 to :data:`MAX_BLOCKS`
-    (a pool is sized in blocks: what ``scale(n)`` keeps). Checked where it is asked
-    (``Cluster.scale``, the console's ``scale``) and where it is done, alike."""
+    (a pool is sized in blocks: what ``scale(n)`` keeps), and :func:`check_pool`. Checked
+    where it is asked (``Cluster.scale``, the console's ``scale``) and where it is done,
+    alike."""
+    check_pool(pool, "scale", "scale(n, pool='gpu'), the console's `scale gpu N`")
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BLOCKS:
         raise ValueError(
             f"cannot scale pool {pool!r} to {n!r} blocks: give a whole number of blocks "
             f"from 0 to {MAX_BLOCKS:,} (2**63 - 1)"
         )
+
+
+def check_pool(pool: object, given: str, example: str) -> None:
+    """:class:`~runtime.errors.PoolNameError` for a pool that an operator or a client
+    targets (``given``: ``scale``, ``resume``; ``example``: how to name one there) with
+    a name no pool has (``""``, ``"*"``: :func:`~runtime.messages.pool_name_problem`)."""
+    problem = pool_name_problem(pool)
+    if problem:
+        raise PoolNameError(
+            pool, given, problem,
+            f"Name one pool ({example}); the tasks submitted without pool= run in any pool",
+        )  # fmt: skip
 
 
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:

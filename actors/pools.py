@@ -51,6 +51,7 @@ from runtime.errors import (
     WalltimeError,
     did_you_mean,
 )
+from runtime.messages import pool_name_problem
 
 __all__ = [
     "COMMON_KEYS",
@@ -482,10 +483,12 @@ def _signal_warning(pool: str, value: object, walltime: float | None) -> int:
 def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfig | None:
     """The pool, or None when ``refuse`` kept what is wrong with it."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
+        problem = pool_name_problem(name)
         refuse(PoolConfigError(
             str(name), "",
             f"the pool's name (its table's, [pools.NAME]) must be letters, digits, '_', '.' "
-            f"and '-', starting with a letter or digit, got {name!r}",
+            f"and '-', starting with a letter or digit, got {name!r}"
+            + (f" ({problem}): rename the table, e.g. [pools.cpu]" if problem else ""),
             source,
         ))  # fmt: skip
         return None

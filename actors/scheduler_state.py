@@ -318,7 +318,15 @@ from runtime.errors import (
     error_name,
 )
 from runtime.graph import Key, TaskSpec, node_fingerprint
-from runtime.messages import ANY_POOL, Outcome, TryRecord, pool_key, pool_name, pool_of_key
+from runtime.messages import (
+    ANY_POOL,
+    Outcome,
+    TryRecord,
+    pool_key,
+    pool_name,
+    pool_name_problem,
+    pool_of_key,
+)
 
 __all__ = [
     "ACTIVE",
@@ -4885,7 +4893,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         try:
             decision = self._ask("retry", self.policies["retry"].decide, view, outcome, cause)
             if isinstance(decision, RetryDecision):
-                return decision
+                return self._pool_checked(ts, decision)
             problem = f"retry returned {decision!r}, not a RetryDecision"
             same = f"retry returned a {type(decision).__name__}"
         except _OverBudget:
@@ -4896,6 +4904,22 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._policy_error("retry", ts.key, problem, same)
         fallback: RetryDecision = REGISTRY.create("retry", "default").decide(view, outcome, cause)
         return fallback
+
+    def _pool_checked(self, ts: TaskState, decision: RetryDecision) -> RetryDecision:
+        """``decision`` as the core takes it: a move to a pool no pool may be named
+        (``""``, ``"*"``, the key of any pool: ``pool_name_problem``) is a policy error,
+        and the retry, if any, stays in the task's pool."""
+        problem = "" if decision.pool is None else pool_name_problem(decision.pool)
+        if not problem:
+            return decision
+        self._policy_error(
+            "retry", ts.key,
+            f"retry moved the task to pool {decision.pool!r}, a name no pool may have "
+            f"({problem}): it stays in pool {pool_key(ts.spec.pool)}; a retry policy keeps "
+            "a task in its pool with RetryDecision(pool=None)",
+            f"retry moved a task to pool {decision.pool!r}",
+        )  # fmt: skip
+        return dataclasses.replace(decision, pool=None)
 
     def _requeue_all(self) -> None:
         entries = [e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"]

@@ -508,9 +508,11 @@ class RetryDecision:
 
     ``retry``: run it again; ``charge``: the retry spends the user's retry budget;
     ``behind``: the retry goes behind work that has not been tried yet; ``pool``: the
-    task moves to that pool (e.g. off a preemptible one) for this and later tries;
-    ``delay``: seconds the retry waits before it is ready (a backoff; 0: at once). The
-    scheduler core holds the task that long (not ready, not placed), at most
+    task moves to that pool (e.g. off a preemptible one) for this and later tries (a
+    pool's name: a move to ``""`` or ``"*"``, the key of any pool, is a policy error and
+    the task stays in its pool); ``delay``: seconds the retry waits before it is ready
+    (a backoff; 0: at once). The scheduler core holds the task that long (not ready, not
+    placed), at most
     :data:`MAX_RETRY_DELAY` (a longer one is cut to it); a delay that is not a number
     at least 0 is a policy error and the retry is ready at once.
     """

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 
 from policies.base import MAX_RETRY_DELAY, NOT_LOADABLE, REGISTRY, RetryDecision, TaskView
+from runtime.messages import pool_name_problem
 
 __all__ = ["DefaultRetry", "NeverRetry"]
 
@@ -112,8 +113,13 @@ class DefaultRetry:
         self.charge_lost = bool(charge_lost)
         fallback = dict(fallback or {})
         for pool, to in fallback.items():
-            if not isinstance(pool, str) or not isinstance(to, str) or not pool or not to:
-                raise ValueError(f"fallback maps pool names to pool names, got {pool!r}: {to!r}")
+            problem = pool_name_problem(pool) or pool_name_problem(to)
+            if problem:
+                raise ValueError(
+                    f"fallback maps pool names to pool names, got {pool!r}: {to!r} ({problem}): "
+                    "map each pool to the pool its long tasks move to, e.g. "
+                    "fallback={'spot': 'owned'}"
+                )
             if pool == to:
                 raise ValueError(f"pool {pool!r} cannot fall back to itself")
         self.fallback = fallback

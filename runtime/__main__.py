@@ -1192,8 +1192,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.memory = str(_memory_share(args.memory_share))
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
-    if not args.pool.strip():
-        raise ValueError("--pool must name a pool, got ''; leave it out for the default pool")
+    from runtime.node import check_worker_pool
+
+    check_worker_pool(args.pool, "--pool", "--pool gpu")
     _check_worker_name(args.name)
     if not args.grace >= 0:  # NaN too
         raise ValueError(

@@ -137,7 +137,13 @@ from runtime.messages import (
 # caller's event loop at its first Cluster() (docs/embedding.md). The rest a start
 # needs is imported in a thread (_START_MODULES).
 from runtime.monitor import alerting_config
-from runtime.node import DEAD_AFTER, check_one_token, check_worker_timeout, end_run
+from runtime.node import (
+    DEAD_AFTER,
+    check_one_token,
+    check_worker_pool,
+    check_worker_timeout,
+    end_run,
+)
 from runtime.remote import check_run_timeout, pickled_call
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
@@ -1756,6 +1762,7 @@ class Cluster:
         self.prune_depth = prune_depth
         self.long_task = long_task
         self.unknown_long = unknown_long
+        check_worker_pool(pool, "Cluster(pool=...)", "pool='gpu'")
         self.pool = pool
         if (
             isinstance(saturation, bool)
@@ -3292,8 +3299,9 @@ class Cluster:
                 f"scale(hold=...): hold is a number of seconds (an int or a float) or None, "
                 f"got {type(hold).__name__} {short_repr(hold)}"
             )
-        check_blocks(pool or self.pool, n)  # here too: a message cannot carry a larger n
-        return await self._manager.ask(ScaleRequest(n, pool or self.pool, hold))
+        pool = self.pool if pool is None else pool
+        check_blocks(pool, n)  # here too: a message cannot carry a larger n, nor a pool "*"
+        return await self._manager.ask(ScaleRequest(n, pool, hold))
 
     async def status(self) -> dict[str, Any]:
         """The cluster's status as the documented dict (``StatusReply.to_dict()``)."""

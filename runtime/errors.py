@@ -2299,6 +2299,29 @@ class PoolConfigError(CorralError, ValueError):
         )
 
 
+class PoolNameError(CorralError, ValueError):
+    """A pool's name that cannot be one (``""``, blank, or ``"*"``, the key of any pool:
+    ``runtime.messages.pool_name_problem``), given where a worker joins a pool or a pool
+    is scaled or resumed: ``given`` says where (``--pool``, ``Cluster(pool=...)``,
+    ``run_worker(pool=...)``, ``scale``, ``resume``), ``problem`` why, ``todo`` what to
+    give instead. Refused before anything is done."""
+
+    name: object
+    given: str
+    problem: str
+
+    def __init__(self, name: object, given: str, problem: str, todo: str) -> None:
+        super().__init__(
+            f"{given} must name a pool, got {name!r}: {problem}. {todo}",
+            name=name,
+            given=given,
+            problem=problem,
+        )
+
+
+__all__ += ["PoolNameError"]
+
+
 class WalltimeError(CorralError, ValueError):
     """A walltime (``SlurmOptions(walltime=...)``; a pool's ``walltime``, which
     :class:`PoolConfigError` reports with the same ``problem``) that is not a time

@@ -45,6 +45,7 @@ from dask.order import order as dask_order
 from dask.utils import apply, format_bytes, key_split
 
 from runtime.errors import CycleError, GraphError, MissingKeysError, ShuffleMethodError
+from runtime.messages import pool_name_problem
 
 __all__ = [
     "ANY_POOL_RESOURCES",
@@ -301,10 +302,11 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
             "pool='gpu'",
             key=key,
         )
-    if out["pool"] is not None and (not isinstance(out["pool"], str) or not out["pool"]):
+    problem = "" if out["pool"] is None else pool_name_problem(out["pool"])
+    if problem:
         raise GraphError(
-            f"{_subject(key)} has pool={out['pool']!r}; it must be a pool's name (a "
-            "non-empty string), or None for any worker",
+            f"{_subject(key)} has pool={out['pool']!r}; it must be a pool's name, or None "
+            f"(pool left out) for any worker: {problem}",
             key=key,
         )
     out["timeout"] = _timeout(key, out.get("timeout"))

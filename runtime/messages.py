@@ -1410,15 +1410,34 @@ ANY_POOL = "*"
 
 def pool_key(pool: str | None) -> str:
     """The key a task's pool (``spec.pool``) is counted under: :data:`ANY_POOL` for None,
-    and for ``""`` too (``pool or "*"``: a pool named ``""``, which only a retry policy's
-    move or a worker's ``--pool ""`` can make, counts as any pool), the name otherwise."""
-    return pool or ANY_POOL
+    the name otherwise (no pool is named ``""`` or ``"*"``: every entry refuses them,
+    :func:`pool_name_problem`)."""
+    return ANY_POOL if pool is None else pool
 
 
 def pool_of_key(key: str) -> str | None:
     """The pool a pool key stands for: None (any pool) for :data:`ANY_POOL`, the pool's
-    name otherwise; ``pool_of_key(pool_key(p)) == p`` for every pool but ``""``."""
+    name otherwise; ``pool_of_key(pool_key(p)) == p`` for every pool."""
     return None if key == ANY_POOL else key
+
+
+def pool_name_problem(name: object) -> str:
+    """Why ``name`` cannot be a pool's name, or ``""`` when it can: a pool's name is a
+    string, not empty nor blank, and not :data:`ANY_POOL`, the key the tasks of any
+    pool are counted under. Each entry that takes a pool's name (``submit(pool=)``, a
+    ``[pools.NAME]`` table, a worker's ``--pool``, ``Cluster(pool=)``, ``scale``, a retry
+    policy's move or ``fallback``, an alert's scale-out) refuses it with its own error,
+    saying this and what to give instead."""
+    if not isinstance(name, str):
+        return f"a pool's name is a string, not {type(name).__name__}"
+    if not name.strip():
+        return "a pool's name is not empty nor blank"
+    if name == ANY_POOL:
+        return (
+            f"{ANY_POOL!r} is not a pool's name: it is the key of any pool, under which the "
+            "tasks submitted without pool= are counted"
+        )
+    return ""
 
 
 def pool_name(pool: str | None) -> str:

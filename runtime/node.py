@@ -88,6 +88,7 @@ from runtime.errors import (
     ManagerStopping,
     ManagerUnreachable,
     PermissionDenied,
+    PoolNameError,
     ProtocolError,
     TaskArgumentsTooLarge,
     TaskErrorTooLarge,
@@ -144,6 +145,7 @@ from runtime.messages import (
     WorkerInfo,
     WorkerMemoryReport,
     message,
+    pool_name_problem,
 )
 from runtime.monitor import (
     DEFAULT_ALERTING,
@@ -177,6 +179,7 @@ __all__ = [
     "Welcome",
     "check_client_timeout",
     "check_reconnect_timeout",
+    "check_worker_pool",
     "check_worker_timeout",
     "end_run",
     "read_token_file",
@@ -186,6 +189,7 @@ __all__ = [
     "start_recorder",
     "token_path",
     "worker_factory",
+    "worker_pool_error",
 ]
 
 if TYPE_CHECKING:
@@ -1435,6 +1439,27 @@ async def find_token_there(
     return find_token(address, token, role, token_file, give)
 
 
+def worker_pool_error(pool: object, given: str, example: str) -> PoolNameError | None:
+    """The error of a worker's pool that no pool may have (``""``, blank, ``"*"``:
+    :func:`~runtime.messages.pool_name_problem`), given as ``given`` (``--pool``,
+    ``run_worker(pool=...)``, ``Cluster(pool=...)``, a worker's Hello); ``example``: how
+    to give a pool there. None for a pool's name."""
+    problem = pool_name_problem(pool)
+    if not problem:
+        return None
+    return PoolNameError(
+        pool, given, problem,
+        f"Name the pool its workers serve ({example}), or leave it out for the pool 'default'",
+    )  # fmt: skip
+
+
+def check_worker_pool(pool: object, given: str, example: str) -> None:
+    """:func:`worker_pool_error` raised, before the worker (or cluster) starts."""
+    error = worker_pool_error(pool, given, example)
+    if error is not None:
+        raise error
+
+
 #: the most a token file (``--token-file``) may hold: a token is 64 characters, the
 #: manager's own token file about 150; anything far larger is the wrong file
 TOKEN_FILE_LIMIT = 64 * 1024
@@ -2074,6 +2099,9 @@ class Gateway:
                 )
             if hello.info is None or hello.info.worker_id != name:
                 return ProtocolError(f"{HELLO_RULES}; got a worker Hello whose info does not match")
+            refused = worker_pool_error(hello.info.pool, "a worker's pool", "--pool gpu")
+            if refused is not None:
+                return refused
             # A client or console under the name gives way (handle): it may not keep a
             # worker out, whatever its token (pool workers' ids are easy to guess).
             secret = self._secrets.get(name)
@@ -3189,6 +3217,7 @@ async def run_worker(
     from runtime.codec import Frame
     from transport import ConnectionClosed, connect, listen
 
+    check_worker_pool(pool, "run_worker(pool=...)", "pool='gpu'")
     check_one_token(token, token_file)
     _signal_warning(os.environ)  # a bad value stops it here, not as it leaves
     given = token  #: --token (``token`` is the one presented from here on)
