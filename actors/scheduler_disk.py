@@ -81,7 +81,7 @@ from actors.scheduler_stall import CorePart
 from policies import CategoryStats
 from runtime.errors import TaskTooBigForDisk
 from runtime.graph import Key
-from runtime.messages import ANY_POOL, DiskStallInfo, pool_name
+from runtime.messages import DiskStallInfo, pool_key, pool_name
 
 __all__ = [
     "DECLARED_OUTPUT",
@@ -793,12 +793,7 @@ class DiskPlacement(CorePart):
         }
         waiting = Counter(ts.spec.category for ts in ready)
         return DiskStallInfo(
-            # Not pool_key(pool), which differs for a pool named "" only: this is the
-            # account of that pool's own workers and queues (``_pool_workers(pool)``), so
-            # it names the pool as they do, where the counters fold "" into ANY_POOL.
-            # Kept as it was (a pool "" comes only from a retry policy's move or a
-            # worker's --pool "").
-            pool=ANY_POOL if pool is None else pool,
+            pool=pool_key(pool),
             since=self._now,
             workers=tuple(sorted(ws.id for ws in workers)),
             disk_used=sum(ws.disk_used for ws in workers),
