@@ -38,6 +38,7 @@ from runtime.errors import (
     FrameTooLarge,
     GraphError,
     RunNoAnswer,
+    RunNotSent,
     did_you_mean,
 )
 from runtime.graph import (
@@ -207,6 +208,9 @@ class GcTuning:
 #: all (the oldest runs are forgotten first; the latest one is always kept).
 MAX_RUNS = 1_000
 MAX_RUN_KEYS = 1_000_000
+#: ``Cluster.run``: the seconds a worker is told are left of a call's timeout, at least
+#: (a call sent just as its deadline comes: the manager stops waiting for it then)
+RUN_LEAST = 0.001
 
 
 @dataclasses.dataclass(slots=True)
@@ -935,49 +939,66 @@ class Manager(Actor):
     @handles(RunRequest)
     def run(self, msg: RunRequest) -> Later:
         """``Cluster.run``: the call on each worker the scheduler's core chooses, all at
-        once, answered within ``msg.timeout`` whatever the workers do. Answered later,
-        as a gather is: the manager goes on with other messages meanwhile. The values
-        and errors are the workers' pickles, relayed unopened."""
+        once, answered within ``msg.timeout`` whatever the scheduler and the workers do
+        (the scheduler's choice and the pickling count in it). Answered later, as a
+        gather is: the manager goes on with other messages meanwhile. The values and
+        errors are the workers' pickles, relayed unopened."""
         check_run_timeout(msg.timeout)  # (a client of another process says any number)
         self.log.info("running a function on workers", func=msg.name,
                       workers=len(msg.workers) if msg.workers is not None else "all")  # fmt: skip
         return Later(self._run(msg))
 
     async def _run(self, msg: RunRequest) -> tuple[RunOutcome, ...]:
-        targets = await self._scheduler().ask(RunTargets(msg.workers))
-        # In-process workers get the call as it came; worker processes its pickle (the
-        # remote client's, or made here, in a thread, from an embedded client's objects),
-        # which they open in the thread that calls it.
-        wire: Any = msg.call
-        remote = any(ref is not None and not isinstance(ref, ActorRef) for _, ref in targets)
-        if remote and not isinstance(wire, bytes):
-            try:
-                wire = await anyio.to_thread.run_sync(pickled_call, msg.call, msg.name)
-            except TypeError as exc:
-                wire = exc
+        """The outcomes, by worker; :class:`~runtime.errors.RunNotSent` when the
+        timeout ran out before the call went to any worker (``stage``: where it was)."""
+        deadline = anyio.current_time() + msg.timeout
+        targets: tuple[tuple[str, Any], ...] = ()
         outcomes: dict[str, RunOutcome] = {}
-
-        async def one(wid: str, ref: Any) -> None:
-            call = msg.call if isinstance(ref, ActorRef) else wire
-            if isinstance(call, BaseException):  # it does not pickle: no worker process gets it
-                outcomes[wid] = run_failure(call, msg.name, wid)
-                return
-            outcomes[wid] = await self._run_on(wid, ref, dataclasses.replace(msg, call=call))
-
+        stage: str | None = "targets"
         with anyio.move_on_after(msg.timeout):
+            targets = tuple(await self._scheduler().ask(RunTargets(msg.workers), timeout=None))
+            # In-process workers get the call as it came; worker processes its pickle (the
+            # remote client's, or made here, in a thread, from an embedded client's
+            # objects), which they open in the thread that calls it.
+            stage = "pickle"
+            wire: Any = msg.call
+            remote = any(ref is not None and not isinstance(ref, ActorRef) for _, ref in targets)
+            if remote and not isinstance(wire, bytes):
+                try:  # (a thread left to end by itself past the deadline: pickling ends)
+                    wire = await anyio.to_thread.run_sync(
+                        pickled_call, msg.call, msg.name, abandon_on_cancel=True
+                    )
+                except TypeError as exc:
+                    wire = exc
+            stage = None
+
+            async def one(wid: str, ref: Any) -> None:
+                call = msg.call if isinstance(ref, ActorRef) else wire
+                if isinstance(call, BaseException):  # it does not pickle: no worker process gets it
+                    outcomes[wid] = run_failure(call, msg.name, wid)
+                    return
+                sent = dataclasses.replace(msg, call=call)
+                outcomes[wid] = await self._run_on(wid, ref, sent, deadline)
+
             async with anyio.create_task_group() as tg:
                 for wid, ref in targets:
                     tg.start_soon(one, wid, ref)
+        if stage is not None:
+            self.log.warning("a run was sent to no worker in time", func=msg.name, stage=stage)
+            raise RunNotSent(msg.name, msg.timeout, stage)
         # a worker whose answer did not come in time: RunNoAnswer in its place
         return tuple(outcomes.get(wid) or _no_answer(wid, msg, left=False) for wid, _ in targets)
 
-    async def _run_on(self, wid: str, ref: Any, msg: RunRequest) -> RunOutcome:
+    async def _run_on(self, wid: str, ref: Any, msg: RunRequest, deadline: float) -> RunOutcome:
         """Worker ``wid``'s outcome of the call: its answer, or the error its ask came to
-        (it left, its connection dropped: :class:`~runtime.errors.RunNoAnswer`)."""
+        (it left, its connection dropped: :class:`~runtime.errors.RunNoAnswer`). The
+        worker is told the seconds left until ``deadline``: a call that has no thread
+        there by then is dropped, not run."""
         if ref is None:
             return _no_answer(wid, msg, left=True)
+        left = max(deadline - anyio.current_time(), RUN_LEAST)
         try:
-            outcome: RunOutcome = await ref.ask(RunCall(msg.call, msg.name), timeout=None)
+            outcome: RunOutcome = await ref.ask(RunCall(msg.call, msg.name, left), timeout=None)
         except ActorStopped:
             self.log.warning("a worker left before it answered a run", worker=wid, func=msg.name)
             return _no_answer(wid, msg, left=True)

@@ -75,6 +75,8 @@ from runtime.errors import (
     FileChecksumError,
     FrameTooLarge,
     ResultNotPicklable,
+    RunNoAnswer,
+    RunQueueFull,
     ValueTooLarge,
 )
 from runtime.files import File, digest, discard_output
@@ -102,6 +104,7 @@ from runtime.messages import (
     ReadStream,
     RegisterWorker,
     RunCall,
+    RunOutcome,
     RunTasks,
     StatusRequest,
     Stop,
@@ -114,6 +117,7 @@ from runtime.messages import (
     WorkerMemoryReport,
     message,
 )
+from runtime.remote import check_run_timeout, run_failure
 
 __all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"]
 
@@ -289,10 +293,15 @@ MEASURE_WAIT = 0.2
 MEASURE_POLL = (0.05, 2.0)
 
 
-#: ``Cluster.run``'s calls a worker runs at once (threads of their own): a call that
-#: never returns keeps its thread, and the ones past this many wait, so hung calls
-#: cannot take the threads of the worker's own work.
-RUN_THREADS = 4
+@dataclasses.dataclass(eq=False)
+class _RunCall:
+    """One ``Cluster.run`` call on this worker, as its shell follows it: ``started``
+    once it has a thread, ``done`` once it returned, with its ``outcome``."""
+
+    msg: RunCall
+    started: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    outcome: RunOutcome | None = None
 
 
 class Worker(Actor):
@@ -329,8 +338,11 @@ class Worker(Actor):
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
         self.worker_id = worker_id
-        #: the threads of Cluster.run's calls (made at the first call, in the loop)
-        self._run_threads: anyio.CapacityLimiter | None = None
+        #: Cluster.run's calls: which run, wait or are refused (the pure part), the
+        #: waiting ones, and the ids they are known by
+        self._run_slots = ws.RunSlots()
+        self._run_waiting: dict[int, _RunCall] = {}
+        self._run_ids = 0
         #: times the scheduler asked what it holds: once per (re)join
         self.joins = 0
         self.scheduler = scheduler
@@ -1599,23 +1611,83 @@ class Worker(Actor):
         self._feed(ws.DropRequested(time.time(), msg.keys))
 
     @handles(RunCall)
-    def run_call(self, msg: RunCall) -> Later:
+    def run_call(self, msg: RunCall) -> RunOutcome | Later:
         """``Cluster.run``: the call in a thread of this process (off the event loop,
         beside the tasks: it takes no slot, and in process execution it runs here, not
-        in a task process), answered when it returns. At most :data:`RUN_THREADS` at
-        once, apart from the threads the worker's own work takes (spills, reads): a
-        call that never returns keeps one, and past that many a call waits (its client
-        hears :class:`~runtime.errors.RunNoAnswer` at its timeout). A worker that stops
-        meanwhile does not wait for it: the thread is let go, the asker hears nothing."""
-        self.log.info("running a function for Cluster.run", func=msg.name)
-        if self._run_threads is None:
-            self._run_threads = anyio.CapacityLimiter(RUN_THREADS)
-        return Later(
-            anyio.to_thread.run_sync(
-                run_call, msg.call, msg.name, self.worker_id,
-                abandon_on_cancel=True, limiter=self._run_threads,
-            )
-        )  # fmt: skip
+        in a task process), answered when it returns. A daemon thread, as a task's: a
+        call that never returns does not keep the process from ending. At most
+        :data:`~actors.worker_state.RUN_THREADS` at once, apart from the threads the
+        worker's own work takes (spills, reads): a call that never returns keeps one;
+        past that many a call waits for one (at most
+        :data:`~actors.worker_state.RUN_WAITING`, the next refused at once:
+        :class:`~runtime.errors.RunQueueFull`), and one still waiting when its
+        ``msg.timeout`` runs out is dropped, never run (answered
+        :class:`~runtime.errors.RunNoAnswer`). Which, :class:`~ws.RunSlots` decides.
+        A worker that stops meanwhile does not wait for the call: its asker gets
+        ``ActorStopped`` (its client :class:`~runtime.errors.RunNoAnswer`, ``left``),
+        a waiting call is dropped, and a running one is let go."""
+        timeout = check_run_timeout(msg.timeout)  # (a peer of another process says any)
+        self._run_ids += 1
+        call, now = self._run_ids, time.monotonic()
+        verdict = self._run_slots.arrive(call, now + timeout)
+        if verdict == "refuse":
+            self.log.warning("refusing a Cluster.run call: its threads are taken, too many wait",
+                             func=msg.name, waiting=len(self._run_slots.waiting))  # fmt: skip
+            full = RunQueueFull(self.worker_id, msg.name, self._run_slots.threads,
+                                self._run_slots.most_waiting)  # fmt: skip
+            return run_failure(full, msg.name, self.worker_id)
+        self.log.info("running a function for Cluster.run", func=msg.name,
+                      waits=verdict == "wait")  # fmt: skip
+        run = _RunCall(msg)
+        if verdict == "run":
+            self._start_run(call, run)
+        else:
+            self._run_waiting[call] = run
+        return Later(self._run_answer(call, run, now + timeout))
+
+    async def _run_answer(self, call: int, run: _RunCall, deadline: float) -> RunOutcome:
+        """``run``'s outcome once it returned; a :class:`~runtime.errors.RunNoAnswer`
+        one, at ``deadline``, for a call that waited for a thread until then (dropped)."""
+        try:
+            with anyio.move_on_after(deadline - time.monotonic()):
+                await run.started.wait()
+            if not run.started.is_set():
+                self.log.warning("dropped a Cluster.run call that had no thread by its timeout",
+                                 func=run.msg.name)  # fmt: skip
+                nothing = RunNoAnswer(self.worker_id, run.msg.name, run.msg.timeout, left=False)
+                return run_failure(nothing, run.msg.name, self.worker_id)
+            await run.done.wait()
+        finally:  # answered, timed out, or the worker stops: a waiting call is dropped
+            if not run.started.is_set():
+                self._run_waiting.pop(call, None)
+                self._run_slots.expired(call)
+        assert run.outcome is not None
+        return run.outcome
+
+    def _start_run(self, call: int, run: _RunCall) -> None:
+        """``run`` in a daemon thread of its own (as tasks' threads are: the process
+        does not wait for it at its end), its outcome handed back to the event loop."""
+        run.started.set()
+        loop = asyncio.get_running_loop()
+        msg, worker = run.msg, self.worker_id
+
+        def body() -> None:
+            outcome = run_call(msg.call, msg.name, worker)  # (it raises nothing)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(self._run_ended, call, run, outcome)
+
+        threading.Thread(target=body, name=f"corral-run-{call}", daemon=True).start()
+
+    def _run_ended(self, call: int, run: _RunCall, outcome: RunOutcome) -> None:
+        """In the event loop: ``run`` returned ``outcome``; its thread's place goes to
+        the next waiting call still in time (:meth:`ws.RunSlots.ended`)."""
+        run.outcome = outcome
+        run.done.set()
+        following, dropped = self._run_slots.ended(call, time.monotonic())
+        for late in dropped:  # (its answer, at its deadline, says it was not run)
+            self._run_waiting.pop(late, None)
+        if following is not None:
+            self._start_run(following, self._run_waiting.pop(following))
 
     @handles(GetData)
     def get_data(self, msg: GetData) -> DataReply:

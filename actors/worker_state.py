@@ -51,6 +51,8 @@ from runtime.messages import get_data_batches
 __all__ = [
     "FLOOR_EVENT",
     "KEEP_REPLICA_BYTES",
+    "RUN_THREADS",
+    "RUN_WAITING",
     "STARTED_AFTER",
     "CancelRequested",
     "CancelRunning",
@@ -68,6 +70,7 @@ __all__ = [
     "ReportDone",
     "ReportMemory",
     "ReportStarted",
+    "RunSlots",
     "Sample",
     "Spill",
     "Spilled",
@@ -1166,3 +1169,62 @@ def file_system_short(room: int | None, fs: int | None, limit: int, files: int) 
     if room is None:
         return True
     return room - fs > max(limit * FS_SHORT_SHARE, FS_SHORT_PER_FILE * files)
+
+
+# ------------------------------------------------------------------------ Cluster.run
+
+#: ``Cluster.run``'s calls a worker runs at once (threads of their own): a call that
+#: never returns keeps its thread, and the ones past this many wait, so hung calls
+#: cannot take the threads of the worker's own work.
+RUN_THREADS = 4
+#: ``Cluster.run``'s calls a worker keeps waiting for a run thread, at most: past this
+#: many it refuses a call at once (:class:`~runtime.errors.RunQueueFull`), not run.
+RUN_WAITING = 8
+
+RunVerdict = Literal["run", "wait", "refuse"]
+
+
+@dataclasses.dataclass
+class RunSlots:
+    """Which of ``Cluster.run``'s calls on one worker run (at most ``threads`` at once,
+    each in a thread of its own), which wait for a thread (at most ``most_waiting``, in
+    the order they came, each until its deadline: then it is dropped, never run), and
+    which are refused. Calls are the shell's ids; time (``now``, a deadline) is given:
+    seconds of the shell's monotonic clock."""
+
+    threads: int = RUN_THREADS
+    most_waiting: int = RUN_WAITING
+    running: set[int] = dataclasses.field(default_factory=set)
+    #: the calls waiting for a thread, in the order they came: their deadlines
+    waiting: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def arrive(self, call: int, deadline: float) -> RunVerdict:
+        """``call`` came, to start by ``deadline``: ``"run"`` (it has a thread: start it),
+        ``"wait"`` (for one, until ``deadline``) or ``"refuse"`` (too many wait)."""
+        if len(self.running) < self.threads:
+            self.running.add(call)
+            return "run"
+        if len(self.waiting) >= self.most_waiting:
+            return "refuse"
+        self.waiting[call] = deadline
+        return "wait"
+
+    def ended(self, call: int, now: float) -> tuple[int | None, tuple[int, ...]]:
+        """``call`` returned: its thread goes to the first waiting call whose deadline
+        has not come (returned first: start it); the waiting calls before it whose
+        deadline has come are dropped (returned second)."""
+        self.running.discard(call)
+        dropped: list[int] = []
+        while self.waiting and len(self.running) < self.threads:
+            first, deadline = next(iter(self.waiting.items()))
+            del self.waiting[first]
+            if now < deadline:
+                self.running.add(first)
+                return first, tuple(dropped)
+            dropped.append(first)
+        return None, tuple(dropped)
+
+    def expired(self, call: int) -> bool:
+        """``call``'s deadline came (or its asker went) before it had a thread: True if
+        it was still waiting (now dropped, never to run), False if it runs or ran."""
+        return self.waiting.pop(call, None) is not None

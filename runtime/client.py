@@ -3349,9 +3349,14 @@ class Cluster:
         outside the task graph, as dask.distributed's ``Client.run``; return
         ``{worker id: what it returned}``. It runs in the worker's process, in a thread
         of its own (never its event loop, nor a task slot; an ``async def`` function's
-        coroutine is awaited there, on an event loop of its own). Each worker has
-        ``timeout`` seconds to answer: one that leaves or does not answer in time comes
-        to :class:`~runtime.errors.RunNoAnswer` naming it. ``on_error``: ``"raise"``
+        coroutine is awaited there, on an event loop of its own; a daemon thread: a call
+        that never returns does not keep the worker's process from ending). The answer
+        comes within ``timeout`` seconds: a worker that leaves or does not answer in
+        time comes to :class:`~runtime.errors.RunNoAnswer` naming it (a call that waited
+        there for a run thread until then is dropped, never run), one whose run threads
+        are all held by calls that have not returned, with too many waiting, to
+        :class:`~runtime.errors.RunQueueFull`; :class:`~runtime.errors.RunNotSent` when
+        the call reached no worker in time (nothing ran). ``on_error``: ``"raise"``
         raises the error of the first worker (by id) whose call failed (the original
         exception, or :class:`~runtime.errors.RemoteError` when it does not load here),
         ``"return"`` puts the error in that worker's place, ``"ignore"`` leaves that
@@ -3363,8 +3368,9 @@ class Cluster:
         call: Any = (func, args, kwargs)  # an embedded manager's workers: as it is
         if self.address is not None:  # pickled here: the manager opens none of it
             call = await anyio.to_thread.run_sync(pickled_call, call, name)
-        request = RunRequest(call, name, wanted, float(timeout))
-        outcomes = await self._manager.ask(request, timeout=float(timeout) + RUN_SLACK)
+        seconds = check_run_timeout(timeout)  # (checked above: a float now)
+        request = RunRequest(call, name, wanted, seconds)
+        outcomes = await self._manager.ask(request, timeout=seconds + RUN_SLACK)
         return _run_results(outcomes, on_error, name)
 
     def run_sync(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

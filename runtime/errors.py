@@ -65,6 +65,8 @@ __all__ = [
     "ResultNotPicklable",
     "RetryPolicyLoop",
     "RunNoAnswer",
+    "RunNotSent",
+    "RunQueueFull",
     "ShuffleMethodError",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
@@ -1961,30 +1963,80 @@ class UnknownWorkers(CorralError, ValueError):
         )
 
 
+#: what a worker's failed ``Cluster.run`` call says of the others
+_RUN_OTHERS = (
+    "The other workers' answers came: run(..., on_error='return') gives them with this "
+    "error in this worker's place, on_error='ignore' without it."
+)
+
+
 class RunNoAnswer(CorralError, TimeoutError):
     """Worker ``worker`` gave no answer to ``Cluster.run``'s call of ``func``: it left,
     or its connection dropped, before it answered (``left`` True), or it did not
-    answer within ``timeout`` seconds (``left`` False: ``func`` may still be running
-    there, in a thread of its own that nothing can stop). The other workers' answers
-    came. Also a ``TimeoutError``."""
+    answer within ``timeout`` seconds (``left`` False: a call that had started there
+    may still be running, in a thread of its own that nothing can stop; one that was
+    still waiting for one of the worker's run threads was dropped there, never to run).
+    The other workers' answers came. Also a ``TimeoutError``."""
 
     def __init__(self, worker: str, func: str, timeout: float, *, left: bool) -> None:
         if left:
             why = "left, or its connection dropped, before it answered"
         else:
             why = (
-                f"did not answer within {timeout:g} s: {func}() may still be running there "
-                "(in a thread of its own, which nothing can stop), or the worker is stalled "
-                "or cut off. Raise run(..., timeout=...) for a call that takes longer"
+                f"did not answer within {timeout:g} s: if {func}() started there it may "
+                "still be running (in a thread of its own, which nothing can stop); if it "
+                "was waiting for one of the worker's run threads (all taken by calls that "
+                "have not returned) it was dropped and will not run. Or the worker is "
+                "stalled or cut off. Raise run(..., timeout=...) for a call that takes longer"
             )
         super().__init__(
-            f"worker {worker!r} {why}. The other workers' answers came: "
-            "run(..., on_error='return') gives them with this error in this worker's place, "
-            "on_error='ignore' without it.",
+            f"worker {worker!r} {why}. {_RUN_OTHERS}",
             worker=worker,
             func=func,
             timeout=timeout,
             left=left,
+        )
+
+
+class RunQueueFull(CorralError, RuntimeError):
+    """Worker ``worker`` refused ``Cluster.run``'s call of ``func`` at once, not running
+    it: its ``threads`` run threads were all taken by calls that had not returned, and
+    ``waiting`` more calls waited for them already, the most it keeps. The other
+    workers' answers came. Also a ``RuntimeError``."""
+
+    def __init__(self, worker: str, func: str, threads: int, waiting: int) -> None:
+        super().__init__(
+            f"worker {worker!r} did not run {func}(): its {threads} run threads are taken "
+            f"by calls that have not returned, and {waiting} more calls wait for them, the "
+            "most a worker keeps. Nothing was run there. A call that never returns keeps "
+            "its thread until the worker process ends: let those calls return (or "
+            f"restart that worker), then call again. {_RUN_OTHERS}",
+            worker=worker,
+            func=func,
+            threads=threads,
+            waiting=waiting,
+        )
+
+
+class RunNotSent(CorralError, TimeoutError):
+    """``Cluster.run``'s call of ``func`` reached no worker within ``timeout`` seconds:
+    the manager was still at ``stage`` (``"targets"``: asking its scheduler which
+    workers to call, ``"pickle"``: pickling the call for the worker processes). Nothing
+    was run. Also a ``TimeoutError``."""
+
+    def __init__(self, func: str, timeout: float, stage: str) -> None:
+        doing = {
+            "targets": "its scheduler had not said which workers to call (it is busy: a "
+            "large graph being submitted, say)",
+            "pickle": "it was still pickling the call for the worker processes (large "
+            "arguments: make them inside the function, or send a path to read)",
+        }[stage]
+        super().__init__(
+            f"run: {func}() was sent to no worker within {timeout:g} s: {doing}. Nothing "
+            "was run. Call again, or raise run(..., timeout=...).",
+            func=func,
+            timeout=timeout,
+            stage=stage,
         )
 
 

@@ -1746,10 +1746,13 @@ class RunTargets(Message):
 class RunCall(Message):
     """Manager -> worker: open ``call`` (a :class:`RunRequest`'s: bytes, or to an
     in-process worker the tuple itself) and call it once, in a thread of the worker's
-    process, off its event loop; answer a :class:`RunOutcome`."""
+    process, off its event loop; answer a :class:`RunOutcome`. ``timeout``: the seconds
+    left of the request's when sent: a call that has no thread by then is dropped, not
+    run (its outcome a ``RunNoAnswer``)."""
 
     call: Any
     name: str
+    timeout: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -481,19 +481,21 @@ def pickled_call(call: tuple[Any, ...], name: str) -> bytes:
         ) from exc
 
 
-def check_run_timeout(timeout: object) -> None:
-    """A ``ValueError`` unless ``timeout`` is ``Cluster.run``'s: a finite number of
-    seconds > 0 (checked by the client at the call, and by the manager for any client:
-    it bounds the call)."""
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 < timeout < math.inf
-    ):
+def check_run_timeout(timeout: object) -> float:
+    """``timeout`` as a float, or a ``ValueError`` unless it is ``Cluster.run``'s: a
+    finite number of seconds > 0 (checked by the client at the call, and by the manager
+    and the worker for any client: it bounds the call). An int too large for a float
+    (``10**400``) is a ``ValueError`` too, not the ``OverflowError`` of its conversion."""
+    seconds = math.nan
+    if not isinstance(timeout, bool) and isinstance(timeout, int | float):
+        with contextlib.suppress(OverflowError):
+            seconds = float(timeout)
+    if not 0 < seconds < math.inf:
         raise ValueError(
             "run(timeout=...) is the seconds each worker has to answer, a finite number > 0, "
             f"got {timeout!r:.80}"
         )
+    return seconds
 
 
 def run_failure(exc: BaseException, name: str, worker: str) -> RunOutcome:

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from actors.scheduler_state import SchedulerState
-from actors.worker import RUN_THREADS
+from actors.worker_state import RUN_THREADS
 from runtime import Cluster
 from runtime.client import RUN_TIMEOUT, _run_results
 from runtime.codec import Frame
