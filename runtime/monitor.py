@@ -84,7 +84,6 @@ from runtime.messages import (
 )
 from runtime.metrics import SAMPLE_LABELS, notes, samples
 from runtime.notify import AlertmanagerNotifier, LogNotifier, Notifier
-from runtime.preflight import ALERTMANAGER_ADVICE, ALERTMANAGER_TIMEOUT, probe_alertmanager
 
 __all__ = [
     "AUDIT_LINES",
@@ -383,7 +382,8 @@ class Monitor(Actor):
     link from its first notification on (0: it does not wait; no dashboard comes).
     ``close_timeout``: seconds an orderly stop gives each notifier to end the firing
     alerts (:meth:`on_stop`). ``probe_timeout``: seconds the probe of the configured
-    Alertmanager at start may take (:meth:`_probe_alertmanager`, in the background)."""
+    Alertmanager at start may take (:meth:`_probe_alertmanager`, in the background;
+    None: ``runtime.preflight.ALERTMANAGER_TIMEOUT``)."""
 
     def __init__(
         self,
@@ -396,7 +396,7 @@ class Monitor(Actor):
         scale_timeout: float = 10.0,
         dashboard_wait: float = 0.0,
         close_timeout: float = 2.0,
-        probe_timeout: float = ALERTMANAGER_TIMEOUT,
+        probe_timeout: float | None = None,
     ) -> None:
         self.config = config = config or AlertingConfig()
         self.probe_timeout = probe_timeout
@@ -445,7 +445,13 @@ class Monitor(Actor):
         ``probe_timeout`` seconds): whether the Alertmanager at ``url`` answers, logged
         (WARNING with what to do when it does not: its posts would fail only when an
         alert fires, during the incident)."""
-        answers, said = await probe_alertmanager(url, self.probe_timeout)
+        # imported here, not with this module: runtime.client imports this one, and an
+        # embedded cluster's start imports runtime.preflight in a thread (its
+        # _START_MODULES), so importing runtime.client does not
+        from runtime.preflight import ALERTMANAGER_ADVICE, ALERTMANAGER_TIMEOUT, probe_alertmanager
+
+        within = ALERTMANAGER_TIMEOUT if self.probe_timeout is None else self.probe_timeout
+        answers, said = await probe_alertmanager(url, within)
         if answers:
             self.log.info("Alertmanager answers", url=url, answer=said)
         else:

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-import runtime.monitor
+import runtime.preflight
 from runtime import Cluster
 from runtime.preflight import (
     ALERTMANAGER_ADVICE,
@@ -186,14 +186,15 @@ async def test_the_probe_does_not_hold_up_the_start(
     answered yet is up and evaluating its rules; the WARNING comes once the probe ends."""
     gate = anyio.Event()
     probing = anyio.Event()
-    real = runtime.monitor.probe_alertmanager
+    real = runtime.preflight.probe_alertmanager
 
     async def held(url: str, within: float) -> tuple[bool, str]:
         probing.set()
         await gate.wait()
         return await real(url, within)
 
-    monkeypatch.setattr(runtime.monitor, "probe_alertmanager", held)
+    # (the monitor imports it from there as it probes)
+    monkeypatch.setattr(runtime.preflight, "probe_alertmanager", held)
     nobody = f"http://127.0.0.1:{free_port_between(*PORTS)}"
     with caplog.at_level(logging.INFO), anyio.fail_after(LIMIT):
         async with Cluster(

@@ -148,6 +148,19 @@ def test_a_first_cluster_imports_nothing_heavy_in_the_loop_thread() -> None:
     assert not on_loop & heavy, sorted(on_loop)
 
 
+def test_importing_the_client_leaves_the_preflight_checks_to_the_first_start() -> None:
+    """``runtime.preflight`` is one of ``_START_MODULES``: a cluster's first start
+    imports it, in a thread. Importing ``runtime.client`` (a client of a manager that
+    never starts an embedded cluster, say) does not: the alert monitor imports it only
+    where it probes the Alertmanager."""
+    script = "import sys, runtime.client; print('runtime.preflight' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=LIMIT, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == ["False"], done.stderr[-2000:]
+
+
 def _free_port() -> int:
     """A port of 37000-37999 free on 127.0.0.1 just now."""
     return free_port_between(37_000, 37_999)
