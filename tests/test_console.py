@@ -1904,7 +1904,7 @@ async def test_ws_one_shot_command_line_prints_tables_or_json(tokens: Tokens, ca
             assert "--token TOKEN or CORRAL_TOKEN" in errors[0], errors[0]
             assert "prints only the read token" in errors[0], errors[0]
             assert "presented the token it was given (--token)" in errors[0], errors[0]
-            assert "connect(..., token=...)" in errors[0]  # and a library user
+            assert "Cluster(address, token_file=... or token=...)" in errors[0]  # a library user
 
             Tokens("stale-" + "s" * 20, "stale-read").write(token_path(address))
             code = await anyio.to_thread.run_sync(main, ["console", address, "status"])
