@@ -658,7 +658,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "console",
         parents=[common],
         usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN | --token-file PATH] "
-        "[--read-only] [--json] [--tls-ca FILE] ADDRESS [COMMAND ...]",
+        "[--read-only] [--json] [--name NAME] [--tls-ca FILE] ADDRESS [COMMAND ...]",
         help="the control console of a running manager (a shell, or one command)",
         description="Look at and steer the cluster whose manager listens at ADDRESS. "
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
@@ -691,6 +691,12 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="use the read-only token of the token file (look, do not change)",
     )
     con.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    con.add_argument(
+        "--name",
+        default=None,
+        help="who operates, as a policy change's records show it (`by console:NAME`): 1 to "
+        "40 letters, digits, '.', '_' or '-' (default: your user name, as a client's)",
+    )
     _tls_options(con, serves=False)
     con.add_argument(
         "words", nargs=argparse.REMAINDER, metavar="COMMAND", help="a command to run once"
@@ -1460,7 +1466,7 @@ def _cmd_console(args: argparse.Namespace) -> int:
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     options = {
         "token": args.token, "token_file": args.token_file, "read_only": args.read_only,
-        "as_json": args.json,
+        "as_json": args.json, "name": args.name,
         "log_level": getattr(args, "log_level", None),  # absent: not given before the address
     }  # fmt: skip
     return console_main(args.address, words, **(options | found))

@@ -61,6 +61,7 @@ from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
 from actors.scheduler_records import disk_stall_parts, placement_stall_parts
 from policies import params_text
+from runtime.client_ids import console_id
 from runtime.errors import (
     ActorStopped,
     AuthenticationFailed,
@@ -324,6 +325,12 @@ class ConsoleClient:
     machine (its read-only token with ``read_only=True``). Every command is an async
     method returning data; errors raise (:class:`runtime.node.PermissionDenied` when a
     command needs the admin token and this connection has the read-only one).
+
+    ``name`` names the operator (default: this process's user name, as a client's):
+    the console's id is ``console:NAME`` and a random tail
+    (:func:`runtime.client_ids.console_id`), and a policy it sets is recorded ``by
+    console:NAME`` (``story -``, the manager's ``policy changed`` line). A name a client
+    could not have is a ``ValueError``.
     """
 
     def __init__(
@@ -335,14 +342,15 @@ class ConsoleClient:
         timeout: float = 30.0,
         token_file: str | os.PathLike[str] | None = None,
         connect_timeout: float | None = None,  #: None: transport.connect's default
+        name: str | None = None,
     ) -> None:
+        self.name = console_id(name)  #: first: a bad name fails before anything is kept
         self.address = address
         self.token = token
         self.token_file = token_file
         self.read_only = read_only
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.name = f"console-{os.urandom(6).hex()}"
         self._peer: Any = None
         self._ended: anyio.Event | None = None  #: set once the connection has ended
         self._stack: contextlib.AsyncExitStack | None = None
@@ -2055,8 +2063,9 @@ class ConsoleShell(cmd.Cmd):
 
 def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """Pull the console's own options (``--token T``, ``--token=T``, ``--token-file P``,
-    ``--token-file=P``, ``--tls-ca F``, ``--tls-ca=F``, ``--log-level L``,
-    ``--log-level=L``, ``--read-only``, ``--json``) out of the words after the address."""
+    ``--token-file=P``, ``--tls-ca F``, ``--tls-ca=F``, ``--name N``, ``--name=N``,
+    ``--log-level L``, ``--log-level=L``, ``--read-only``, ``--json``) out of the words
+    after the address."""
     from runtime.log import level_name
 
     out: list[str] = []
@@ -2064,7 +2073,7 @@ def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     it = iter(words)
     for w in it:
         flag, eq, given = w.partition("=")
-        if flag in ("--token", "--token-file", "--tls-ca", "--log-level"):
+        if flag in ("--token", "--token-file", "--tls-ca", "--name", "--log-level"):
             value = given if eq else next(it, None)
             if value is None:
                 raise ConsoleError(f"{flag} needs a value")
@@ -2116,18 +2125,26 @@ def main(
     as_json: bool = False,
     log_level: str | None = None,
     token_file: str | None = None,
+    name: str | None = None,
 ) -> int:
     """``python -m runtime console``: run ``words`` (the command's, the console's own
     options already taken out by :func:`split_cli_options`) once (exit 0, or 1 after one
     line on stderr), or the interactive shell when there are none. Corral's records are
     logged at ``--log-level`` (``log_level``), by default at error: the console says what
     went wrong in its own one line, and a transport's warning (``peer silent; closing``)
-    would only come between its lines."""
+    would only come between its lines. ``name`` names the operator (``--name``; default:
+    the user name), a bad one is its one line and exit 1 before anything is dialled."""
     from runtime.log import configure
 
     configure(log_level or "ERROR")
     cmd_words = list(words)
-    client = ConsoleClient(address, token=token, token_file=token_file, read_only=read_only)
+    try:
+        client = ConsoleClient(
+            address, token=token, token_file=token_file, read_only=read_only, name=name
+        )
+    except ValueError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
     if not cmd_words:
         return _interactive(client)
     line = one_shot_line(cmd_words) + (" --json" if as_json else "")
