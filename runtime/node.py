@@ -3139,6 +3139,23 @@ def loop_blocked_why(
     )
 
 
+def _back_after_tries(
+    worker: str, manager: str, failed: int, seconds: float, *, rejoin: bool, loud: bool
+) -> None:
+    """Log that the worker ``worker`` (re)joined the manager at ``manager`` after
+    ``failed`` failed tries over ``seconds``: ``rejoined the manager after 2 failed tries
+    (3.1 s)`` (``joined`` for its first join), at warning when a failure was logged at
+    warning or above (``loud``: a rejoin's loss always is), so that a log shown at the
+    default level does not end with the failures while the worker is back; else at
+    info, as those tries were."""
+    tries = "try" if failed == 1 else "tries"
+    (_log.warning if loud else _log.info)(
+        f"{'rejoined' if rejoin else 'joined'} the manager after {failed} failed {tries} "
+        f"({seconds:.1f} s)",
+        worker=worker, manager=manager, failed=failed, seconds=round(seconds, 1),
+    )  # fmt: skip
+
+
 async def run_worker(
     address: str,
     *,
@@ -3391,17 +3408,23 @@ async def run_worker(
                 """Join, trying again for ``window`` seconds after a failed try (with
                 backoff, logged), and raise the last try's error then: a refusal as
                 :class:`_WorkerRefused` at once; a token the manager does not know
-                (HTTP 403), retried, as ``_WorkerRefused`` too on a ``rejoin``."""
+                (HTTP 403), retried, as ``_WorkerRefused`` too on a ``rejoin``. A join
+                after failed tries says so (:func:`_back_after_tries`): the failures
+                logged are not the last word of its log."""
                 delay, began = 0.05, anyio.current_time()
                 deadline = began + window
                 last: BaseException | None = None
                 waiting = False  #: told that the manager is stalled (once per reach)
+                failed = 0  #: tries that failed
+                #: something was logged at warning or above (a rejoin: the loss was)
+                loud = rejoin
                 while True:
                     bound = math.inf if last is None and window <= 0 else deadline
                     with anyio.move_on_after(bound - anyio.current_time()) as scope:
                         try:
-                            return await join(STALLED_TRY if waiting else None)
+                            peer = await join(STALLED_TRY if waiting else None)
                         except AuthenticationFailed as exc:
+                            failed += 1
                             # It answers, but does not know our token (restarted with new
                             # tokens?): slower tries, each with the token read again.
                             # At the start as when rejoining, an unknown token (403) says
@@ -3415,20 +3438,30 @@ async def run_worker(
                                 last = _WorkerRefused(last)
                             delay = max(delay, 0.5)
                             if window > 0:
+                                loud = True
                                 _log.error(
                                     "the manager refused our token; retrying",
                                     worker=worker_id, status=exc.status, retry_in=delay,
                                     reason=exc.reason, token_file=os.fspath(token_file or ""),
                                 )  # fmt: skip
                         except CorralError as exc:  # not there (yet), or not answering
+                            failed += 1
                             last = exc
                             if window > 0:  # the quick first tries at info
+                                loud = loud or delay >= 1.0
                                 (_log.warning if delay >= 1.0 else _log.info)(
                                     "could not reach the manager; retrying",
                                     worker=worker_id, manager=address, error=str(exc),
                                     retry_in=delay,
                                     left=round(max(0.0, deadline - anyio.current_time()), 1),
                                 )  # fmt: skip
+                        else:
+                            if failed:
+                                _back_after_tries(
+                                    worker_id, address, failed, anyio.current_time() - began,
+                                    rejoin=rejoin, loud=loud or waiting,
+                                )  # fmt: skip
+                            return peer
                     if scope.cancelled_caught and last is None:  # the first try, cut short
                         last = CorralError(f"the manager at {address} did not answer")
                     now = anyio.current_time()
