@@ -507,11 +507,11 @@ svg text{font:10px system-ui,sans-serif;fill:var(--mute)}
 a{color:var(--busy)}
 </style></head>
 <body>
-<header><h1>Corral</h1><span id="conn">connecting</span>
+<header><h1>Corral</h1><span id="conn" title="no snapshot yet">connecting</span>
 <span id="summary" class="mute"></span><span id="when" class="mute"></span></header>
 <main>
 <section><h2>Pools and queues <span class="mute">queue depth
-<b id="queue-depth-total" data-value="0">0</b></span></h2>
+<b id="queue-depth-total" title="no snapshot yet">&ndash;</b></span></h2>
 <div id="pools"></div><svg id="depth-spark" width="100%" height="46"></svg></section>
 <section><h2>Alerts</h2><div id="alerts"></div></section>
 <section class="wide"><h2>Capacity <span class="mute">(per pool: available, busy,
@@ -804,16 +804,21 @@ function render(s) {
   renderPools(s); renderCapacity(s); renderWorkers(s); renderStream(s);
   renderFailures(s); renderFree(s); renderAlerts(s); renderPolicies(s);
   document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
+  // live once a snapshot is shown, not when the socket opens: until then the page has
+  // no figure to show (a dash), and a screenshot or a slow link must not read a 0
+  const conn = document.getElementById("conn");
+  conn.textContent = "live"; conn.className = "live"; conn.title = total.title = "";
 }
 let backoff = 500;
 function connect() {
   const conn = document.getElementById("conn");
   const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") +
                            location.host + "/dashboard/ws");
-  ws.onopen = () => { conn.textContent = "live"; conn.className = "live"; backoff = 500; };
+  ws.onopen = () => { backoff = 500; };  // "live" at the first snapshot (render)
   ws.onmessage = ev => render(JSON.parse(ev.data));
   ws.onclose = () => {
     conn.textContent = "reconnecting"; conn.className = "down";
+    conn.title = "the last snapshot is shown until a new one comes";
     setTimeout(connect, backoff); backoff = Math.min(backoff * 2, 10000);
   };
 }

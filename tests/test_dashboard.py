@@ -31,7 +31,7 @@ from actors.scheduler_records import SchedulerConfig, error_record
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime import Cluster
-from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
+from runtime.dashboard import FEED_PATH, PAGE, STORY_PATH, build_snapshot, dashboard_url
 from runtime.files import File, output_path
 from runtime.messages import (
     AlertInfo,
@@ -46,7 +46,17 @@ from runtime.messages import (
     WorkerInfo,
     WorkerMemoryReport,
 )
-from tests.helpers import GB, Cli, finish, held_at_gate, join, leave, submit, wait_until
+from tests.helpers import (
+    GB,
+    Cli,
+    finish,
+    free_port_between,
+    held_at_gate,
+    join,
+    leave,
+    submit,
+    wait_until,
+)
 
 # ----------------------------------------------------------------------------- the core
 
@@ -774,6 +784,61 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
     assert queues == ["7 (2 held back) (+2 of any pool)", "2"]
     # the scheduler's warnings, above the capacity table (docs/memory.md)
     assert len(warned) == 1 and "m1, m2 add up to 47.1 GiB" in warned[0]
+
+
+#: the ports of 127.0.0.1 the managers of the tests below that keep to a range listen on
+PORTS = (53300, 53499)
+
+#: Run in the page before its own script: the states the page shows, each change once
+#: (a MutationObserver's callback runs after the task that changed the page, so each
+#: state is one a screenshot could have taken), from its parsing on: the badge's text
+#: and class, the total queue depth's text and value, the snapshots rendered.
+RECORD_STATES = """
+window.states = [];
+function record() {
+  const c = document.getElementById("conn"), d = document.getElementById("queue-depth-total");
+  if (!c || !d) return;
+  const s = [c.textContent, c.className, d.textContent, d.dataset.value ?? null,
+             document.body.dataset.snapshots ?? null];
+  const last = window.states[window.states.length - 1];
+  if (JSON.stringify(last) !== JSON.stringify(s)) window.states.push(s);
+}
+new MutationObserver(record).observe(document, {subtree: true, childList: true,
+                                               characterData: true, attributes: true});
+"""
+
+
+def test_the_page_as_served_shows_no_figure_before_its_first_snapshot() -> None:
+    """What a browser shows of ``GET /`` before its script has a snapshot (a screenshot
+    taken early, a slow link): a dash and a grey ``connecting`` badge, not the green
+    ``live`` and a queue depth of 0 it showed as soon as its websocket opened."""
+    header = re.search(r'<span id="conn"[^>]*>([^<]*)</span>', PAGE)
+    total = re.search(r'<b id="queue-depth-total"([^>]*)>([^<]*)</b>', PAGE)
+    assert header is not None and header.group(1) == "connecting"
+    assert total is not None and total.group(2) == "&ndash;"
+    assert "data-value" not in total.group(1)  # no number until a snapshot gives one
+    # the socket's opening is no snapshot: the badge goes live in render() only
+    opened = re.search(r"ws\.onopen = [^;]*;", PAGE)
+    assert opened is not None and "live" not in opened.group(0), opened
+
+
+@pytest.mark.slow
+def test_chromium_shows_a_dash_and_connecting_until_the_first_snapshot(
+    browser: Any, tmp_path: Path
+) -> None:
+    port = free_port_between(*PORTS)
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_STATES})
+        browser.get(url)
+        Dashboard(browser).wait("return document.body.dataset.snapshots >= 1", "a snapshot")
+        states = browser.execute_script("return window.states")
+    first = next(i for i, st in enumerate(states) if st[4] is not None)
+    # every state before the first snapshot: no figure, and not live
+    assert first >= 1 and states[:first] == [["connecting", "", "\u2013", None, None]] * first
+    # then the queue depth of a manager with no task, rightly 0, and live
+    assert states[first] == ["live", "live", "0", "0", "1"], states
 
 
 @pytest.mark.anyio
