@@ -2348,6 +2348,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         leaving workers whose blocks' workers take none of them (:meth:`_survivors`).
         ``to``: that worker instead, if it has room (a kept worker gathering the kept
         outputs of its pool, :meth:`~actors.scheduler_stall.PlacementWatch._gather_kept`)."""
+        if self.stopping:  # the run ended: nothing will read them (as _to_evacuate)
+            return
         targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
@@ -5597,9 +5599,10 @@ def _taken(ws: WorkerState) -> int:
     speculative copies, and the threads a stopped try holds (``WorkerState.held``). A
     throttled worker's producers are deferred there, on no thread, and left out: a
     consumer that arrives runs at once (docs/memory.md), and it may be what frees the
-    memory they wait for."""
+    memory they wait for. Only those not known to execute (``waiting``): a producer that
+    began before the worker throttled holds its thread until it ends."""
     n = len(ws.processing) + _cores_held(ws)
-    return n - ws.n_producers if ws.throttled else n
+    return n - sum(t.producer for t in ws.waiting) if ws.throttled else n
 
 
 def _core_free(ws: WorkerState) -> bool:

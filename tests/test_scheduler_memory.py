@@ -15,6 +15,7 @@ from actors.scheduler_events import (
     KeyErred,
     PolicyChanged,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerDraining,
     WorkerFloor,
@@ -308,6 +309,21 @@ def test_a_throttled_worker_whose_slots_hold_deferred_producers_takes_a_new_cons
     assert "sum-0" in on(s, "w1") and len(ws.processing) == 3 and ws.n_producers == 2
     # A consumer runs there: no stall while it does.
     assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
+
+
+def test_producers_that_began_before_the_throttle_keep_their_cores_from_a_consumer(
+    make_state: Factory,
+) -> None:
+    """Only deferred producers (not known to execute) are left out of a throttled
+    worker's taken cores: one that began before the throttle holds its thread until it
+    ends, so a long consumer (a category with no finished try) is not sent to wait
+    behind it (a review of the audit's fix)."""
+    s = producers_hold_every_slot(make_state)
+    began = tuple((t.key, 0, 0.5) for t in sorted(s.workers["w1"].processing, key=str))
+    run(s, event(TasksRunning, worker="w1", started=began))
+    cmds = throttle(s, "w1", now=100.0)
+    assert of(cmds, Execute) == []
+    assert s.tasks["sum-0"].state == "queued"
 
 
 def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_throttle(
