@@ -547,6 +547,12 @@ async def end_run(plane: ControlPlane) -> None:
                 actor=name, seconds=END_RUN_TIMEOUT,
                 advice="the monitoring database may record what the stop did as the run's",
             )  # fmt: skip
+        except Exception as exc:  # its failure must not keep the workers and actors up
+            _log.error(
+                "an actor failed to take the cluster's stop; the stop goes on",
+                actor=name, error=repr(exc),
+                advice="the monitoring database may record what the stop did as the run's",
+            )  # fmt: skip
 
 
 async def start_recorder(

@@ -261,3 +261,27 @@ async def test_a_sigterm_mid_run_leaves_finished_tasks_and_firing_alerts_as_they
     assert json.loads(fields)["threshold_breached"] == 1  # not seen to clear: ended
     (ended,) = _rows(db, "SELECT ended FROM runs")[0]
     assert resolved_at <= ended
+
+
+@pytest.mark.anyio
+async def test_a_stop_step_that_fails_in_an_actor_still_stops_the_cluster(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop's first step (``end_run``) asks the scheduler to end the run; a failure
+    there (a defect in its handler) is logged and the close goes on: the workers and
+    the actors stop, where it used to raise out of close() and leave them all up."""
+    import actors.scheduler_state as core
+    from runtime import Cluster
+
+    def broken(self: SchedulerState, ev: Any) -> None:
+        raise RuntimeError("a defect in the stop's cancel")
+
+    monkeypatch.setitem(core._DISPATCH, core.ClusterStops, broken)
+    with anyio.fail_after(30):
+        cluster = Cluster(workers=1)
+        await cluster.start()
+        assert await cluster.submit(sum, [1, 2]) == 3
+        refs = dict(cluster._plane.refs)
+        await cluster.close()
+    assert all(ref.stopped for ref in refs.values()), {n: r.stopped for n, r in refs.items()}
+    assert "an actor failed to take the cluster's stop; the stop goes on" in caplog.text
