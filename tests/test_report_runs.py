@@ -185,7 +185,10 @@ def test_a_window_shows_what_overlaps_it_in_every_plot(runs: Runs, tmp_path: Pat
     run = _run(runs.db, run_id=runs.two, since=since)
     assert run.window is not None and run.window[0] == float(since)
     assert run.tasks == 4 and run.tries == 4
-    assert run.states == {"memory": 4}
+    # all four finished; the map's futures were let go after the gather, and whether
+    # the database saw that release before the run ended (the stop ends the run first)
+    # is a race: released or still in memory, never anything else
+    assert run.states in ({"memory": 4}, {"released": 4}), run.states
     assert _families(run) == {"third"}
     assert set(run.durations) == {"third"} and run.others is None
     assert run.why_failed == [] and run.failures == []
