@@ -842,9 +842,10 @@ class ClientActor(Actor):
         #: tasks from submit() not sent yet, with their options, in the order made
         self.pending: dict[Key, tuple[Any, TaskOptions]] = {}
         self.flush_queued = False
-        #: the keys the tasks in :attr:`pending` read (a released key among them still
-        #: goes with them: they need it)
-        self.read_by_pending: set[Key] = set()
+        #: the keys the tasks in :attr:`pending` read, with how many of those tasks
+        #: read each (a released key among them still goes with them: they need it;
+        #: once the last of them is dropped, so is it, if it is still to go)
+        self.read_by_pending: collections.Counter[Key] = collections.Counter()
         #: keys no Future holds any more, let go while nothing was pending, not yet sent
         #: (:class:`_FlushReleases`)
         self.to_release: dict[Key, None] = {}
@@ -994,7 +995,9 @@ class ClientActor(Actor):
         """``key``'s task from ``submit``, sent at the next ``_Flush`` (queued if it is
         the first since the last one began)."""
         self.pending[key] = (task, opts)
-        self.read_by_pending.update(getattr(task, "dependencies", ()))
+        readers = self.read_by_pending
+        for dep in getattr(task, "dependencies", ()):
+            readers[dep] = readers.get(dep, 0) + 1
         if not self.flush_queued:
             self.flush_queued = True
             self.ref.post(_Flush())
@@ -1008,7 +1011,7 @@ class ClientActor(Actor):
         ``submit``): the manager has the tasks that need them by then."""
         self.flush_queued = False
         pending, self.pending = self.pending, {}
-        self.read_by_pending = set()
+        self.read_by_pending = collections.Counter()
         after, self.after_flush = self.after_flush, {}
         try:
             await self._send_pending(pending)
@@ -1180,7 +1183,7 @@ class ClientActor(Actor):
         if w.holders <= 0:
             del self.watches[key]
             if key not in self.read_by_pending:  # not sent yet, and no task to go reads it
-                self.pending.pop(key, None)
+                self._drop_pending(key)
             # A gather still waiting on it (a Future released while awaited): nothing
             # will come for it now; it fails saying so.
             for waiter in self.waiters.pop(key, ()):
@@ -1194,6 +1197,28 @@ class ClientActor(Actor):
             self.to_release[key] = None
             if len(self.to_release) == 1 and not self.ref.stopped:
                 self.ref.post(_FlushReleases())
+
+    def _drop_pending(self, key: Key) -> None:
+        """Take ``key``'s task out of :attr:`pending`, if it is there, and with it each
+        of its inputs still to go that nothing holds and no other task to go reads, and
+        theirs in turn (let go in the same turn of the event loop: ``y = submit(g, x)``,
+        then ``y.release()`` and ``x.release()``, in either order), so none of them is
+        sent. Their releases still go (:meth:`unhold` queued them): a key may have been
+        sent before, and be pending again to run again."""
+        readers = self.read_by_pending
+        todo = [key]
+        while todo:
+            entry = self.pending.pop(todo.pop(), None)
+            if entry is None:
+                continue
+            for dep in getattr(entry[0], "dependencies", ()):
+                left = readers[dep] - 1
+                if left > 0:
+                    readers[dep] = left
+                    continue
+                del readers[dep]
+                if dep not in self.watches:  # let go already, and read by no task to go
+                    todo.append(dep)
 
     @handles(_FlushReleases, _SendReleases)
     def flush_releases(self, msg: _FlushReleases | _SendReleases) -> None:
