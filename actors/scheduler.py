@@ -785,7 +785,8 @@ class Scheduler(Actor):
     @handles(ClusterStopping)
     def cluster_stopping(self, msg: ClusterStopping) -> None:
         """The cluster stops on purpose, its workers next: the run's tasks end now
-        (those not finished cancelled), so that the workers' going loses nothing."""
+        (those not finished cancelled, and those a graph brings later as they come), so
+        that the workers' going loses nothing."""
         self._handle(ClusterStops(*self._ev()))
 
     @handles(PolicyNote)

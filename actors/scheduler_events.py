@@ -335,9 +335,11 @@ class ClusterStops(Event):
     before its workers are stopped: the run's tasks end now. Each task not finished
     (waiting, queued, running) is cancelled, its clients not told (they learn that the
     cluster stopped); a running one's try ends ``cancelled`` with cause ``shutdown``.
-    A finished task keeps its end. From now on a worker that goes loses nothing: a
-    task whose output goes with it stays as it ended (``memory``, not computed again,
-    no recovery, no replica made) and a leaving worker copies none off."""
+    A finished task keeps its end. The run takes no new work: a task a graph brings
+    from now on (new, or a resubmitted key) is cancelled as it comes, with the same
+    reason, and its clients are told (``KeyCancelled``). From now on a worker that goes
+    loses nothing: a task whose output goes with it stays as it ended (``memory``, not
+    computed again, no recovery, no replica made) and a leaving worker copies none off."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -95,7 +95,10 @@ After :class:`StoppedWithCluster` (the autoscaler stops its block because the cl
 shuts down) a worker is lost as ``shutdown`` whatever its end says (inside a Slurm job
 the stop signal reads as ``preempted`` to it), unless it left on purpose anyway.
 After :class:`ClusterStops` (an orderly stop, before the workers are stopped) every task
-not finished is cancelled (``stopping``), and the workers that go after it lose nothing:
+not finished is cancelled (``stopping``); a task a graph brings after it (new, or a
+resubmitted key) is cancelled as it comes, with the same reason, and its clients are told
+(``KeyCancelled``): nothing is placed on the workers about to go. The workers that go
+after it lose nothing:
 a finished task still wanted keeps its end (``memory``, its holders gone with the run:
 the one case of ``memory`` with no ``who_has``), never computed again nor recorded as a
 recovery, and a leaving worker copies nothing off.
@@ -1335,6 +1338,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._set(ts, "waiting")
                 self._cancel(ts, ahead[ts], tell=False)
                 continue
+            if self.stopping:  # the run ended (ClusterStops): nothing new runs; told why
+                self._set(ts, "waiting")
+                self._cancel(ts, STOPPED_REASON)
+                continue
             self._activate(ts)
         for ts in wanted:
             if ts not in fresh:  # (a fresh one is told through the normal path)
@@ -1574,7 +1581,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """The run ends (an orderly stop, before the workers are stopped): every task not
         finished is cancelled, without telling its clients (the cluster's stop tells
         them), a running one on its worker with its try ``cancelled`` (``shutdown``).
-        Only then do the workers go, as losses of nothing (``stopping``)."""
+        Only then do the workers go, as losses of nothing (``stopping``); a graph that
+        comes meanwhile is cancelled as it comes (``_graph_submitted``), its clients told."""
         self.stopping = True
         for ts in list(self.tasks.values()):
             if ts.state in ACTIVE:  # (one ended on the way, a dependent, stays so)

@@ -48,13 +48,14 @@ from actors.scheduler_events import (
     ClusterStops,
     Evacuate,
     FileFacts,
+    KeyCancelled,
     KeyDone,
     ReplicasCopied,
     Replicate,
     WorkerLeaving,
     WorkerLeft,
 )
-from actors.scheduler_state import SchedulerState
+from actors.scheduler_state import STOPPED_REASON, SchedulerState
 from runtime.errors import ManagerStopping
 from runtime.metrics import SAMPLE_LABELS
 from tests.helpers import (
@@ -149,6 +150,50 @@ def test_a_replica_holder_going_at_a_stop_spares_no_recompute_and_gets_no_new_re
     ]
     assert s.recomputes_avoided == 0
     assert feed_after(s, seq) == [("left", "w1", "shutdown", left.now)]  # no "recovery"
+
+
+def test_a_graph_that_comes_after_the_stop_is_cancelled_as_it_comes_and_its_client_told(
+    make_state: Factory,
+) -> None:
+    """Work that reaches the scheduler after the run ended (a remote client's graph
+    before the goodbye, an embedded client's flush queued when close() began) is
+    cancelled as it comes, with the stop's reason, and its client hears it: it is never
+    placed on the workers about to go, and it does not stay queued or waiting in the
+    monitoring database once they went."""
+    s = make_state(monitor=True)
+    join(s, "w1")
+    join(s, "w2")
+    assert run(s, event(ClusterStops)) == []
+    s.feed_since(0, 10_000)
+    seq = s.feed_next
+    out = submit(s, {"b": [], "c": ["b"]}, ["b", "c"])
+    stimulus = out[0].stimulus_id
+    assert out == [  # no Execute: told, each with the stop's reason
+        KeyCancelled(stimulus, "c", STOPPED_REASON),
+        KeyCancelled(stimulus, "b", STOPPED_REASON),
+        FileFacts(stimulus, ()),
+    ]
+    assert states(s) == {"b": "cancelled", "c": "cancelled"}
+    assert str(s.tasks["b"].error) == f"task 'b' was cancelled: {STOPPED_REASON}"
+    # the workers go: nothing was sent to them, nothing goes back to queued or waiting
+    assert run(s, left1 := event(WorkerLeft, worker="w1", cause="shutdown")) == []
+    assert run(s, left2 := event(WorkerLeft, worker="w2", cause="shutdown")) == []
+    assert states(s) == {"b": "cancelled", "c": "cancelled"}
+    assert feed_after(s, seq) == [
+        ("state", "c", "waiting", "c"),
+        ("state", "c", "cancelled", "c"),
+        ("state", "b", "waiting", "b"),
+        ("state", "b", "cancelled", "b"),
+        ("left", "w1", "shutdown", left1.now),
+        ("left", "w2", "shutdown", left2.now),
+    ]
+    # a client's resubmit of a key the stop cancelled: cancelled again, not queued
+    out = submit(s, {"b": []}, ["b"])
+    assert out == [
+        KeyCancelled(out[0].stimulus_id, "b", STOPPED_REASON),
+        FileFacts(out[0].stimulus_id, ()),
+    ]
+    assert states(s) == {"b": "cancelled", "c": "cancelled"}
 
 
 QUEUED = parse_rule({
@@ -285,3 +330,41 @@ async def test_a_stop_step_that_fails_in_an_actor_still_stops_the_cluster(
         await cluster.close()
     assert all(ref.stopped for ref in refs.values()), {n: r.stopped for n, r in refs.items()}
     assert "an actor failed to take the cluster's stop; the stop goes on" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_a_submit_whose_graph_crosses_close_ends_with_the_stops_cancel_not_a_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A submit made just before close(), whose graph reaches the scheduler only after
+    close() ended the run (its client's flush held until then), is not run on the
+    workers about to go (it used to be, and its future got its result) but cancelled as
+    it comes: its future raises CancelledError saying the cluster stopped."""
+    import runtime.client as client_module
+    from runtime import Cluster
+    from runtime.errors import CancelledError
+
+    ended = anyio.Event()  # the run ended: the held graph may go
+    seen: list[BaseException | None] = []
+    end_run, for_manager = client_module.end_run, client_module._for_manager
+
+    async def held(manager: Any, request: Any, **kw: Any) -> Any:
+        if "late" in request.keys:
+            await ended.wait()
+        return await for_manager(manager, request, **kw)
+
+    async def end_run_then_wait(plane: Any) -> None:
+        await end_run(plane)
+        ended.set()
+        with anyio.fail_after(10):  # its answer, before the client and workers stop
+            seen.append(await late.exception())
+
+    monkeypatch.setattr(client_module, "_for_manager", held)
+    monkeypatch.setattr(client_module, "end_run", end_run_then_wait)
+    with anyio.fail_after(30):
+        async with Cluster(workers=1) as cluster:
+            assert await cluster.submit(_inc, 1, key="early") == 2
+            late = cluster.submit(_inc, 2, key="late")
+    (err,) = seen
+    assert isinstance(err, CancelledError), repr(err)
+    assert str(err) == "task 'late' was cancelled: the cluster stopped before it finished"
