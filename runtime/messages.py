@@ -391,12 +391,13 @@ class WorkersStopping(Message):
 
 @message(local=True)
 class ClusterStopping(Message):
-    """The cluster's stop -> alert monitor, then scheduler: the cluster stops on
-    purpose (a manager's orderly stop, ``Cluster.close``) and its workers are stopped
-    next. The alerts hold still (``actors.alerts_state.Stopping``: the stop neither
-    resolves nor fires one), and the run's tasks end (not finished: cancelled; a graph
-    that comes later is cancelled as it comes), so that the workers leave as losses of
-    nothing (``actors.scheduler_events.ClusterStops``). Answered once done."""
+    """The cluster's stop -> alert monitor and scheduler (asked at once, the monitor's
+    queued first): the cluster stops on purpose (a manager's orderly stop,
+    ``Cluster.close``) and its workers are stopped next. The alerts hold still
+    (``actors.alerts_state.Stopping``: the stop neither resolves nor fires one), and the
+    run's tasks end (not finished: cancelled; a graph that comes later is cancelled as
+    it comes), so that the workers leave as losses of nothing
+    (``actors.scheduler_events.ClusterStops``). Answered once done."""
 
 
 @message(local=True)

@@ -44,7 +44,7 @@ import secrets
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -253,9 +253,9 @@ GOODBYE_TIMEOUT = 5.0
 #: _give_way`) has to take the frame that says why before it is closed without it (one
 #: that does not read must not hold anything up)
 GIVE_WAY_TIMEOUT = 1.0
-#: Seconds an orderly stop gives the alert monitor, then the scheduler, to take it
-#: before the workers are stopped (:func:`end_run`): the scheduler answers once the
-#: graphs it takes in ahead of the stop are in
+#: Seconds an orderly stop gives the alert monitor and the scheduler (asked at once) to
+#: take it before the workers are stopped (:func:`end_run`): the scheduler answers once
+#: the graphs it takes in ahead of the stop are in
 END_RUN_TIMEOUT = 10.0
 #: How a cancelled run_manager's goodbye says it stopped (ManagerStopping's ``how``)
 CANCELLED = "cancelled by the program that runs it"
@@ -526,33 +526,47 @@ async def start_control_plane(
 
 async def end_run(plane: ControlPlane) -> None:
     """An orderly stop's first step, before any worker is stopped
-    (:class:`~runtime.messages.ClusterStopping`, asked of each within
-    :data:`END_RUN_TIMEOUT`): the alert monitor's alerts hold still (the stop neither
-    resolves nor fires one: they end with the run), then the run's tasks end: those not
-    finished are cancelled and a finished one keeps its end, so that the workers stopped
-    next leave as losses of nothing (no output computed again, no recovery recorded).
-    An actor stopped already is skipped, one that does not answer in time is not
-    waited for (logged)."""
-    for name in ("monitor", "scheduler"):
+    (:class:`~runtime.messages.ClusterStopping`, asked of the alert monitor and the
+    scheduler at once, within :data:`END_RUN_TIMEOUT` in all): the alert monitor's alerts
+    hold still (the stop neither resolves nor fires one: they end with the run), and the
+    run's tasks end: those not finished are cancelled and a finished one keeps its end
+    (and a graph that comes after it is cancelled as it comes), so that the workers
+    stopped next leave as losses of nothing (no output computed again, no recovery
+    recorded). The monitor's ask is queued before the scheduler's, so that any metrics
+    it reads after the cancel are taken after its stop. An actor stopped already is
+    skipped; one that does not answer in time is not waited for, and one that fails is
+    not either (each logged): the stop goes on."""
+    answers: list[tuple[str, Coroutine[Any, Any, Any]]] = []
+    for name in ("monitor", "scheduler"):  # (queued now, in this order)
         ref = plane.refs.get(name)
         if ref is None:
             continue
-        try:
-            await ref.ask(ClusterStopping(), timeout=END_RUN_TIMEOUT)
-        except ActorStopped:
-            pass
-        except AskTimeout:
-            _log.warning(
-                "an actor did not take the cluster's stop before its workers stop",
-                actor=name, seconds=END_RUN_TIMEOUT,
-                advice="the monitoring database may record what the stop did as the run's",
-            )  # fmt: skip
-        except Exception as exc:  # its failure must not keep the workers and actors up
-            _log.error(
-                "an actor failed to take the cluster's stop; the stop goes on",
-                actor=name, error=repr(exc),
-                advice="the monitoring database may record what the stop did as the run's",
-            )  # fmt: skip
+        with contextlib.suppress(ActorStopped):  # (stopped already: skipped)
+            answers.append((name, ref.post_ask(ClusterStopping(), timeout=END_RUN_TIMEOUT)))
+    async with anyio.create_task_group() as tg:  # waited for together: one bound
+        for name, answer in answers:
+            tg.start_soon(_run_ended, name, answer)
+
+
+async def _run_ended(name: str, answer: Coroutine[Any, Any, Any]) -> None:
+    """:func:`end_run`'s wait for ``name``'s answer: its stop, timeout or failure is
+    logged, never raised (the stop goes on)."""
+    try:
+        await answer
+    except ActorStopped:
+        pass
+    except AskTimeout:
+        _log.warning(
+            "an actor did not take the cluster's stop before its workers stop",
+            actor=name, seconds=END_RUN_TIMEOUT,
+            advice="the monitoring database may record what the stop did as the run's",
+        )  # fmt: skip
+    except Exception as exc:  # its failure must not keep the workers and actors up
+        _log.error(
+            "an actor failed to take the cluster's stop; the stop goes on",
+            actor=name, error=repr(exc),
+            advice="the monitoring database may record what the stop did as the run's",
+        )  # fmt: skip
 
 
 async def start_recorder(

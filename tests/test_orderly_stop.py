@@ -27,7 +27,8 @@ import signal
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -57,6 +58,8 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_state import STOPPED_REASON, SchedulerState
 from runtime.errors import ManagerStopping
+from runtime.kernel import Actor, ActorSystem, handles
+from runtime.messages import ClusterStopping
 from runtime.metrics import SAMPLE_LABELS
 from tests.helpers import (
     MB,
@@ -368,3 +371,44 @@ async def test_a_submit_whose_graph_crosses_close_ends_with_the_stops_cancel_not
     (err,) = seen
     assert isinstance(err, CancelledError), repr(err)
     assert str(err) == "task 'late' was cancelled: the cluster stopped before it finished"
+
+
+class _TakesTheStop(Actor):
+    """Takes ``ClusterStopping``: says it got it, then answers once ``then`` is set (at
+    once without one)."""
+
+    def __init__(self, then: anyio.Event | None = None) -> None:
+        self.got = anyio.Event()
+        self.then = then
+
+    @handles(ClusterStopping)
+    async def cluster_stopping(self, msg: ClusterStopping) -> None:
+        self.got.set()
+        if self.then is not None:
+            await self.then.wait()
+
+
+@pytest.mark.anyio
+async def test_the_stops_first_step_asks_the_monitor_and_the_scheduler_at_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``end_run`` asks both at once under one bound, so a slow monitor does not hold
+    the scheduler's cancel back (one after the other, each with its own bound, the
+    workers' stop waited up to twice END_RUN_TIMEOUT: past Slurm's KillWait, a
+    SIGTERMed manager could be killed before it cancelled its blocks). Here the monitor
+    answers only once the scheduler has the stop: asked one after the other, the
+    monitor's ask timed out (logged) before the scheduler was asked."""
+    import runtime.node as node
+
+    monkeypatch.setattr(node, "END_RUN_TIMEOUT", 2.0)
+    scheduler = _TakesTheStop()
+    monitor = _TakesTheStop(then=scheduler.got)
+    with anyio.fail_after(10):
+        async with ActorSystem() as system:
+            refs = {
+                "monitor": await system.spawn(monitor, "monitor"),
+                "scheduler": await system.spawn(scheduler, "scheduler"),
+            }
+            await node.end_run(cast(node.ControlPlane, SimpleNamespace(refs=refs)))
+    assert monitor.got.is_set() and scheduler.got.is_set()
+    assert "did not take the cluster's stop" not in caplog.text
