@@ -141,6 +141,9 @@ class WorkerJoined(Event):
     #: the CPUs its machine lets it use (0: not told): the ``cores`` of one machine's
     #: workers are added up against them (``SchedulerState.host_cores``)
     host_cpus: int = 0
+    #: its spill fence is on (False: off, or not told): an evacuated copy needs room in
+    #: its memory only to land (``scheduler_state._has_room``)
+    spills: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -273,6 +273,7 @@ class WorkerState:
         "spill_dir",
         "spill_refused",
         "spill_refused_at",
+        "spills",
         "suspended",
         "tasks_sent",
         "throttle_at",
@@ -350,6 +351,8 @@ class WorkerState:
         self.spill_refused = 0
         self.spill_refused_at = 0.0
         self.spill_dir = ""
+        #: its spill fence is on: past it, it writes outputs to disk (WorkerJoined.spills)
+        self.spills = False
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         #: threads still running a cancelled try, replaced by fresh ones (thread
         #: execution), as last reported: at ``cores`` it can stop no other running try

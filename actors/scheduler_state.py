@@ -52,7 +52,8 @@ leaves copies each needed output it holds, its own or fetched, that no worker th
 holds and no other leaving holder's plan copies (``_to_evacuate``: several workers
 stopped together copy an output they all hold once); one that goes without a planned
 copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
-to a worker whose memory limit less its memory now has room for it (``_has_room``).
+to a worker whose memory limit less its memory now has room for it, or, one that
+spills with disk room for it, whose memory has room for it to land (``_has_room``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -1483,7 +1484,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if ws.away is not None:  # back within its grace: its life goes on
                 ws.away = None
                 self._log(ws.id, "joined", "back")
-        ws.block = ev.block
+        ws.block, ws.spills = ev.block, ev.spills
         self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
         self.host_cores.joined(ev.worker, ev.host, ev.host_cpus, ev.cores, 0, self._now)
         self._disk_shared(
@@ -2189,18 +2190,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self, ws: WorkerState, needed: Iterable[TaskState], *going: WorkerState
     ) -> tuple[tuple[Key, str, int], ...]:
         """Where leaving ``ws`` copies each output of ``needed``: largest first, each to
-        the survivor of ``going`` (:meth:`_survivors`) with room for it in its memory
-        (:func:`_has_room`) that will then hold the fewest bytes; one that fits no
-        survivor is computed again instead, as a lost output is. Each move is planned
-        (``evac_planned``) until ``ws`` says which copies it made."""
+        the survivor of ``going`` (:meth:`_survivors`) with room for it (:func:`_has_room`:
+        in its memory, or, spilling, on its disk) that will then hold the fewest bytes;
+        one that fits no survivor is computed again instead, as a lost output is. Each
+        move is planned (``evac_planned``) until ``ws`` says which copies it made."""
         targets = self._survivors(*going)
         if not targets:
             return ()
         held = {w.id: sum(t.nbytes for t in w.has_what) for w in targets}
-        added = dict.fromkeys(held, 0)
+        added, coming = dict.fromkeys(held, 0), self._coming(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
-            fits = [w for w in targets if _has_room(w, ts, held[w.id], added[w.id])]
+            fits = [w for w in targets if _has_room(w, ts, held[w.id], added[w.id], coming[w.id])]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
             target = min(fits, key=lambda w: (held[w.id] + added[w.id], w.id))
@@ -2310,12 +2311,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _held_and_coming(self, workers: list[WorkerState]) -> dict[str, int]:
         """Per worker of ``workers``, the bytes it holds and those being copied to it."""
-        held = {w.id: self.held_bytes.get(w.id, 0) for w in workers}
+        coming = self._coming(workers)
+        return {wid: self.held_bytes.get(wid, 0) + n for wid, n in coming.items()}
+
+    def _coming(self, workers: list[WorkerState]) -> dict[str, int]:
+        """Per worker of ``workers``, the bytes being copied to it (``copying``)."""
+        coming = {w.id: 0 for w in workers}
         for copies in self.copying.values():
             for wid, nbytes in copies.items():
-                if wid in held:
-                    held[wid] += nbytes
-        return held
+                if wid in coming:
+                    coming[wid] += nbytes
+        return coming
 
     def _copy_landing(self, ts: TaskState) -> bool:
         """Whether a copy of ``ts``'s output is on its way to a worker that stays (a
@@ -2363,7 +2369,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
-        held = self._held_and_coming(targets)
+        held, coming = self._held_and_coming(targets), self._coming(targets)
         added = dict.fromkeys(held, 0)
         planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
@@ -2377,7 +2383,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 for w in targets
                 if w.id not in failed
                 and w.disk_free() >= ts.nbytes
-                and _has_room(w, ts, held[w.id], added[w.id])
+                and _has_room(w, ts, held[w.id], added[w.id], coming[w.id])
             ]
             if not fits:
                 continue
@@ -5588,12 +5594,23 @@ def _takes_new(ws: WorkerState) -> bool:
     return not (ws.draining or ws.suspended) and ws.away is None
 
 
-def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int) -> bool:
-    """An evacuated copy of ``ts``'s output fits in ``ws``'s memory: its limit less what
-    it holds now (its RSS as last told, or the ``held`` bytes of its outputs if more)
-    and less the ``added`` bytes already planned its way is at least the output's size.
-    A file output (on disk) and a worker with no limit always have room."""
-    return ts.file or not ws.memory or max(ws.rss, held) + added + ts.nbytes <= ws.memory
+def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int = 0) -> bool:
+    """An evacuated copy of ``ts``'s output fits ``ws``: its memory limit less what it
+    holds now (its RSS as last told, or the ``held`` bytes of its outputs if more) and
+    less the ``added`` bytes already planned its way is at least the output's size. Or
+    ``ws`` spills (its spill fence is on) and its disk has room for the copy and for
+    those on their way to it (``coming``) and planned (``added``): then its memory
+    needs room only for them to land, beside its RSS. A copy lands whole in memory (the
+    worker puts it in its store), and the worker writes outputs to disk past its spill
+    fence at its next memory sample, least recently used first: the outputs it holds
+    (``held``, often on disk already) do not stay in its memory (a review: survivors
+    near their throttle fence in a memory-heavy run had a drained worker's large
+    outputs computed again rather than copied). A file output (on disk) and a worker
+    with no limit always have room."""
+    if ts.file or not ws.memory or max(ws.rss, held) + added + ts.nbytes <= ws.memory:
+        return True
+    landing = coming + added + ts.nbytes
+    return ws.spills and ws.disk_free() >= landing and ws.rss + landing <= ws.memory
 
 
 def _cores_held(ws: WorkerState) -> int:

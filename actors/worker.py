@@ -451,7 +451,7 @@ class Worker(Actor):
         return WorkerInfo(
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
             self.block, host, host_memory, os.getpid(), device_of(self.disk_dir) or 0, fs_free,
-            self.disk_auto, host_cpus(),
+            self.disk_auto, host_cpus(), self.memory_config.spill is not None,
         )  # fmt: skip
 
     async def on_start(self) -> None:

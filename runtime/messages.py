@@ -191,6 +191,10 @@ class WorkerInfo(Message):
     #: ``os.cpu_count()``; 0: not told, an older worker): the ``cores`` of one machine's
     #: workers are added up against it, a warning past it (docs/deployment.md)
     host_cpus: int = 0
+    #: its spill fence is on: it writes outputs to disk past it, so an output copied off
+    #: a leaving or drained worker needs room in its memory only to land
+    #: (docs/memory.md#outputs-copied-off-a-worker-that-goes; False: off, or not told)
+    spills: bool = False
 
 
 @message()

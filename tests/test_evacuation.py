@@ -13,6 +13,10 @@ survivor. An output held by two workers stopped together (the original and a cop
 downstream task fetched, audit slurm D1) is copied once, by one of them, to the
 survivor: exact commands in either order, for block siblings, with a draining holder,
 and if the copying one goes without the copy; and on worker processes, no recovery.
+A survivor takes a copy only with room for it: in its memory, or, if it spills, on its
+disk with room in its memory for the copy to land (docs/memory.md#outputs-copied-off-
+a-worker-that-goes): exact commands for each case, and a worker telling whether it
+spills when it joins.
 """
 
 from __future__ import annotations
@@ -125,6 +129,124 @@ def test_a_drained_workers_output_goes_only_where_the_memory_left_takes_it(
         rss(s, w, used)
     out = run(s, event(WorkerDraining, worker="a"))
     assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == [("c", "a", (("x", 300),))]
+
+
+def spiller(s: Any, worker: str, *, spills: bool, disk: int, rss: int, held: int) -> None:
+    """``worker`` joins (its memory 1000 bytes, ``disk`` bytes of disk; its spill fence
+    on or not) and holds a wanted output of ``held`` bytes, which it wrote to disk
+    (its disk use says so) and is at ``rss`` of its memory."""
+    run(s, event(WorkerJoined, worker=worker, cores=1, memory=1000, disk=disk, spills=spills))
+    key = f"held-{worker}"
+    submit(s, {key: []}, [key])
+    assert s.tasks[key].worker == worker, "the drained or leaving worker took no task"
+    finish(s, worker, key, nbytes=held)
+    run(s, event(WorkerMemory, worker=worker, throttled=rss >= 700, rss=rss, throttle_at=700,
+                 limit=1000, disk_used=held, memory_bytes=0))  # fmt: skip
+
+
+def made_on(s: Any, worker: str, key: str, pool: str = "default") -> None:
+    """``worker`` joins (1000 bytes of memory) and makes ``key``'s 300-byte output."""
+    join(s, worker, memory=1000, pool=pool)
+    submit(s, {key: []}, [key], pool=pool)
+    assert s.tasks[key].worker == worker
+    finish(s, worker, key, nbytes=300)
+
+
+SURVIVORS = [
+    # b spills, its outputs on disk: the copy lands beside its RSS (500 + 300), and goes
+    # to disk at its next sample; its outputs' 900 bytes (the old rule's) do not count
+    pytest.param(True, 10_000, 500, True, id="spills-disk-room"),
+    # the same worker with its spill fence off keeps the copy in memory: old rule
+    pytest.param(False, 10_000, 500, False, id="spill-off"),
+    # spilling, but no disk room for the copy: its 1000 bytes of disk hold its 900
+    pytest.param(True, 1_000, 500, False, id="spills-no-disk-room"),
+    # spilling with disk room, but the copy would not land: 800 + 300 > 1000
+    pytest.param(True, 10_000, 800, False, id="spills-no-room-to-land"),
+]
+
+
+@pytest.mark.parametrize(("spills", "disk", "b_rss", "copied"), SURVIVORS)
+def test_a_drained_workers_output_goes_to_a_survivor_that_spills_it(
+    make_state: Factory, spills: bool, disk: int, b_rss: int, copied: bool
+) -> None:
+    """Review F7: a survivor that spills with disk room for the copy takes a drained
+    worker's output when its memory has room for the copy to land (its RSS and the
+    copy), however many bytes of outputs it holds (here 900 of its 1000, on disk):
+    the old rule counted those as memory and kept the output on the drained worker.
+    One whose spill fence is off, or whose disk has no room, or whose memory has no
+    room for the copy to land, takes none: the drained worker keeps it."""
+    s = make_state(saturation=1.0)
+    spiller(s, "b", spills=spills, disk=disk, rss=b_rss, held=900)
+    made_on(s, "a", "x")
+    out = run(s, event(WorkerDraining, worker="a"))
+    expected = [("b", "a", (("x", 300),))] if copied else []
+    assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == expected
+    assert of(out, RetireWorker) == []  # kept until its copy lands (or for good)
+
+
+@pytest.mark.parametrize(("spills", "disk", "b_rss", "copied"), SURVIVORS)
+def test_a_leaving_workers_output_goes_to_a_survivor_that_spills_it(
+    make_state: Factory, spills: bool, disk: int, b_rss: int, copied: bool
+) -> None:
+    """The same for a leaving worker's plan; an output no survivor takes is computed
+    again once the worker goes."""
+    s = make_state(saturation=1.0)
+    spiller(s, "b", spills=spills, disk=disk, rss=b_rss, held=900)
+    made_on(s, "a", "x")
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    moves = (("x", "b", 300),) if copied else ()
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", moves)]
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted",
+                       evacuated=(("x", "b"),) if copied else ()))  # fmt: skip
+    if copied:
+        assert s.tasks["x"].who_has == {"b"} and of(out, Execute) == []
+    else:  # computed again, on b
+        assert [(e.worker, [t.key for t in e.tasks]) for e in of(out, Execute)] == [("b", ["x"])]
+
+
+def test_copies_on_their_way_to_a_spilling_survivor_count_as_landing(
+    make_state: Factory,
+) -> None:
+    """A copy lands whole in memory before the worker writes it to disk: the copies on
+    their way to a spilling survivor count with its RSS. Two workers drained one after
+    the other, each holding a 300-byte output (and at 900 of their 1000, so neither
+    takes the other's): b at 500 of its 1000 takes the first; the second would land
+    beside it (500 + 300 + 300): it stays on its drained worker."""
+    s = make_state(saturation=1.0)
+    spiller(s, "b", spills=True, disk=10_000, rss=500, held=900)
+    for w, key in (("a1", "x1"), ("a2", "x2")):
+        made_on(s, w, key, pool=w)
+        rss(s, w, 900)
+    out = run(s, event(WorkerDraining, worker="a1"))
+    assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == [
+        ("b", "a1", (("x1", 300),))
+    ]
+    out = run(s, event(WorkerDraining, worker="a2"))
+    assert of(out, Replicate) == []
+
+
+@pytest.mark.parametrize(("spill", "spills"), [(0.6, True), (None, False)])
+def test_a_worker_says_whether_it_spills_when_it_registers(
+    tmp_path: Path, spill: float | None, spills: bool
+) -> None:
+    options = {"spill_dir": str(tmp_path), "spill": spill}
+    w = Worker("w", None, lambda _: None, memory=2**30, memory_options=options)  # type: ignore[arg-type]
+    try:
+        assert w.info.spills is spills
+    finally:
+        w.data.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("spill", "spills"), [(0.6, True), (None, False)])
+async def test_the_scheduler_learns_whether_a_joining_worker_spills(
+    spill: float | None, spills: bool
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, memory_options={"spill": spill}) as c:
+            await c.wait_for_workers(1)
+            (ws,) = c._scheduler_actor.state.workers.values()
+            assert ws.spills is spills
 
 
 def mebibyte(i: int) -> Any:
