@@ -299,16 +299,13 @@ class _Records(logging.Handler):
 
 
 @pytest.fixture
-def records() -> Iterator[_Records]:
-    logger = logging.getLogger("corral")
-    handler, level = _Records(), logger.level
+def records() -> _Records:
+    """The ``corral`` logger's records, debug included, for this test (conftest.py puts
+    the logger back after it)."""
+    logger, handler = logging.getLogger("corral"), _Records()
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    return handler
 
 
 async def test_a_clean_close_drops_the_manager_s_crossing_updates_quietly(

@@ -9,8 +9,6 @@ A real manager process on a port of this file's range, and real console processe
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,21 +21,6 @@ from tests.helpers import Cli, free_port_between
 #: the ports of 127.0.0.1 this file's managers listen on
 PORTS = (53000, 53149)
 LIMIT = 20
-
-
-@pytest.fixture(autouse=True)
-def _corral_logger_kept() -> Iterator[None]:
-    """The command line in this process sets the ``corral`` logger up for a terminal
-    (``runtime.log.configure``: its own handler, no propagation): put it back after each
-    test, or the tests after this file's (``caplog`` on the root logger) see nothing."""
-    logger = logging.getLogger("corral")
-    kept = (logger.level, list(logger.handlers), logger.propagate)
-    try:
-        yield
-    finally:
-        logger.setLevel(kept[0])
-        logger.handlers[:] = kept[1]
-        logger.propagate = kept[2]
 
 
 def _console(capsys: pytest.CaptureFixture[str], address: str, *words: str) -> tuple[int, str, str]:

@@ -342,22 +342,17 @@ async def test_a_message_for_a_stopped_actor_is_a_warning_unless_this_side_is_st
             if "dropped a message for a stopped actor" in record.getMessage():
                 seen.append(record)
 
-    logger, handler = logging.getLogger("corral"), Records(logging.DEBUG)
-    level = logger.level
-    logger.addHandler(handler)
+    logger = logging.getLogger("corral")  # (put back after the test by conftest.py)
+    logger.addHandler(Records(logging.DEBUG))
     logger.setLevel(logging.DEBUG)
-    try:
-        with anyio.fail_after(LIMIT):
-            async with pair() as (client, server_peer, _, _):
-                assert isinstance(server_peer.target, ActorRef)
-                server_peer.target.stop()
-                await server_peer.target.wait_stopped()
-                await client.ref.tell(Hold())  # (a Ping alone is a heartbeat)
-                await wait_until(lambda: len(seen) == 1, "the first drop")
-                server_peer.stopping = True
-                await client.ref.tell(Hold())
-                await wait_until(lambda: len(seen) == 2, "the second drop")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    with anyio.fail_after(LIMIT):
+        async with pair() as (client, server_peer, _, _):
+            assert isinstance(server_peer.target, ActorRef)
+            server_peer.target.stop()
+            await server_peer.target.wait_stopped()
+            await client.ref.tell(Hold())  # (a Ping alone is a heartbeat)
+            await wait_until(lambda: len(seen) == 1, "the first drop")
+            server_peer.stopping = True
+            await client.ref.tell(Hold())
+            await wait_until(lambda: len(seen) == 2, "the second drop")
     assert [r.levelno for r in seen] == [logging.WARNING, logging.DEBUG]
