@@ -74,6 +74,7 @@ from runtime.errors import (
     FileOutputError,
     FrameTooLarge,
     GraphError,
+    GraphNotLoadable,
     ManagerLost,
     ManagerStopping,
     PermissionDenied,
@@ -1054,6 +1055,25 @@ class ClientActor(Actor):
                     parts = await self._parts(graph, limit, failed)
                     todo.extendleft((opts, part) for part in reversed(parts))
                     break
+                except GraphNotLoadable as exc:
+                    # The manager could not load a task of it (the error names the first
+                    # it met). More tasks than one, made by separate submit calls: those
+                    # that load from the module it lacks fail, each naming its own
+                    # function, and the rest go again; if none is found so, it goes in
+                    # halves, in order, until each refused part is one task, which fails.
+                    if len(graph) > 1 and await self._fail_not_loadable(graph, exc, failed):
+                        self._fail_dependents(graph, failed)
+                        continue
+                    if len(graph) > 1:
+                        keys = list(graph)
+                        half = len(keys) // 2
+                        todo.appendleft((opts, {k: graph[k] for k in keys[half:]}))
+                        todo.appendleft((opts, {k: graph[k] for k in keys[:half]}))
+                        break
+                    (key,) = graph
+                    failed[key] = (key, exc)
+                    self.fail_local(key, exc)
+                    break
                 except Exception as exc:
                     # Not sent for a remote manager, as it does not pickle (nothing went):
                     # the tasks that do not pickle fail alone, the rest go again.
@@ -1106,6 +1126,33 @@ class ClientActor(Actor):
             except Exception as exc:
                 error = unpicklable_error(key, exc)
                 error.__cause__ = exc
+                del graph[key]
+                failed[key] = (key, error)
+                self.fail_local(key, error)
+                found = True
+        return found
+
+    async def _fail_not_loadable(
+        self,
+        graph: dict[Key, Any],
+        refused: GraphNotLoadable,
+        failed: dict[Key, tuple[Key, BaseException]],
+    ) -> bool:
+        """Fail (and take out of ``graph``) each task whose pickle loads something from
+        the module the manager could not import (``refused.module``), with a
+        :class:`GraphNotLoadable` naming what it loads from there; whether there was
+        any. The tasks are pickled and read in a thread (heartbeats go on meanwhile)."""
+        module, reason = str(refused.fields["module"]), str(refused.fields["reason"])
+
+        def scan() -> list[str | None]:
+            dumps, needs = pickling.cloudpickle_dumps, unpickling.needs_module
+            return [needs(dumps(task), module) for task in graph.values()]
+
+        found = False
+        for key, what in zip(list(graph), await anyio.to_thread.run_sync(scan), strict=True):
+            if what is not None:
+                error = GraphNotLoadable(what, module, reason)
+                error.__cause__ = refused.__cause__
                 del graph[key]
                 failed[key] = (key, error)
                 self.fail_local(key, error)

@@ -5,7 +5,8 @@ unpickle (a worker's event loop reading peers' messages and fetched data, its ex
 threads loading a task's function and inputs, the threads that read task processes'
 results, the store reading a spilled value, a task restoring its checkpoint, the
 client reading results), :func:`guarded`, which they share,
-:func:`missing_global`, which names what a failed unpickle could not import, and
+:func:`missing_global`, which names what a failed unpickle could not import,
+:func:`needs_module`, which finds, without loading it, what a pickle loads from a module, and
 :func:`buffer`, the writable buffer an out-of-band part is read into before it is
 unpickled.
 
@@ -32,13 +33,14 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import pickletools
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from importlib.machinery import ModuleSpec
 from typing import IO, Any, TypeVar
 
-__all__ = ["buffer", "guarded", "load", "loads", "missing_global"]
+__all__ = ["buffer", "guarded", "load", "loads", "missing_global", "needs_module"]
 
 T = TypeVar("T")
 
@@ -165,6 +167,54 @@ def missing_global(
         recording.load()
     failed = recording.failed
     return ("" if failed is None else f"{failed[0]}.{failed[1]}"), error.name
+
+
+#: the global cloudpickle loads a module by (its argument, the module's name) with
+_SUBIMPORT = ("cloudpickle.cloudpickle", "subimport")
+#: the opcodes that push nothing: the strings of a global may come on either side of one
+_NO_PUSH = frozenset({"FRAME", "PROTO", "STOP", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def needs_module(data: bytes, module: str) -> str | None:
+    """What loading the pickle ``data`` loads from ``module`` or a module inside it:
+    the first such global (``"labops.double"``), or ``""`` when cloudpickle imports the
+    module itself by name (a function pickled by value that calls ``labops.double``);
+    None if it loads nothing of it. A process where ``module`` is not importable cannot
+    load ``data`` then. Read, not loaded: nothing is imported or made."""
+
+    def inside(name: object) -> bool:
+        return isinstance(name, str) and (name == module or name.startswith(module + "."))
+
+    memo: dict[int, object] = {}
+    before: object = None  # the values the last two opcodes pushed (None: not a str)
+    last: object = None
+    importer = False  # the last push was cloudpickle's subimport: the name comes next
+    for op, arg, _ in pickletools.genops(data):
+        name = op.name
+        if name in _NO_PUSH:
+            if name == "MEMOIZE":
+                memo[len(memo)] = last
+            elif name.endswith("PUT"):
+                memo[int(arg)] = last  # type: ignore[arg-type]
+            continue
+        value: object = None
+        pair: tuple[object, object] | None = None
+        if name in ("GLOBAL", "INST"):
+            module_of, _, attr = str(arg).partition(" ")
+            pair = (module_of, attr)
+        elif name == "STACK_GLOBAL":
+            pair = (before, last)
+        elif name.endswith("GET"):
+            value = memo.get(int(arg))  # type: ignore[arg-type]
+        elif isinstance(arg, str):
+            value = arg
+        if pair is not None and inside(pair[0]):
+            return f"{pair[0]}.{pair[1]}"
+        if importer and inside(value):
+            return ""
+        importer = pair == _SUBIMPORT
+        before, last = last, value
+    return None
 
 
 #: parts at least this large are read into :func:`buffer`'s untouched memory; smaller

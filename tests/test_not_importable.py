@@ -26,10 +26,10 @@ import pytest
 
 from policies import NOT_LOADABLE, REGISTRY
 from runtime import Cluster
-from runtime.errors import GraphError, GraphNotLoadable, TaskNotLoadable
+from runtime.errors import DependencyFailed, GraphError, GraphNotLoadable, TaskNotLoadable
 from runtime.pickling import cloudpickle_dumps
-from runtime.unpickling import loads, missing_global
-from tests.helpers import Cli
+from runtime.unpickling import loads, missing_global, needs_module
+from tests.helpers import Cli, free_port_between
 
 LIMIT = 60
 run = anyio.to_thread.run_sync
@@ -43,7 +43,8 @@ def labops(tmp_path: Path) -> Iterator[ModuleType]:
     never on the children's ``PYTHONPATH``."""
     where = tmp_path / "pkgdir"
     where.mkdir()
-    (where / f"{MODULE}.py").write_text("def double(x):\n    return 2 * x\n")
+    code = "def double(x):\n    return 2 * x\n\ndef triple(x):\n    return 3 * x\n"
+    (where / f"{MODULE}.py").write_text(code)
     sys.path.insert(0, str(where))
     try:
         yield importlib.import_module(MODULE)
@@ -63,6 +64,22 @@ def test_missing_global_names_the_function_and_the_module(labops: ModuleType) ->
         assert missing_global(ValueError("x"), payload) is None
     finally:
         sys.path.insert(0, str(Path(labops.__file__).parent))
+
+
+def test_needs_module_finds_what_a_pickle_loads_from_a_module(labops: ModuleType) -> None:
+    namespace: dict[str, object] = {"__name__": "__main__"}  # a script's: pickled by value
+    exec(f"import {MODULE}\ndef calls(x):\n    return {MODULE}.double(x)\n", namespace)
+    for obj, found in [
+        ((labops.double, 21), f"{MODULE}.double"),  # by reference
+        ({"f": [labops.triple]}, f"{MODULE}.triple"),
+        (namespace["calls"], ""),  # cloudpickle imports the module by its name
+        ((abs, MODULE, [MODULE, f"{MODULE}.double"]), None),  # strings, not loads
+        (importlib.import_module, None),
+    ]:
+        assert needs_module(cloudpickle_dumps(obj), MODULE) == found, obj
+    assert needs_module(cloudpickle_dumps(labops.double), MODULE[:-1]) is None  # a prefix
+    assert needs_module(cloudpickle_dumps(labops.double), MODULE + ".sub") is None
+    assert needs_module(cloudpickle_dumps(sys.path.append), "builtins") == "builtins.getattr"
 
 
 def test_the_default_retry_policy_does_not_retry_code_that_did_not_load() -> None:
@@ -117,6 +134,52 @@ async def test_a_manager_that_cannot_import_the_function_refuses_the_graph(
                 assert await c.submit(labops.double, 21) == 42
             finally:
                 cloudpickle.unregister_pickle_by_value(labops)
+
+
+class _ImportsIt:
+    """An argument that, loaded, imports the module by a call (not a global that names
+    its module, which the client finds in the task's pickle)."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return importlib.import_module, (MODULE,)
+
+
+@pytest.mark.anyio
+async def test_tasks_submitted_with_one_that_the_manager_cannot_load_run(
+    labops: ModuleType, tmp_path: Path
+) -> None:
+    """The ``submit`` calls of one tick go to the manager as one message. Before, the
+    manager's refusal of it, for one task's module, failed every task of it (and of the
+    later messages of that tick) with a GraphNotLoadable naming that task's function.
+    Now the tasks the manager can load run; each one it cannot fails naming its own
+    function, and a task reading one fails as depending on it. Unit: ``needs_module``."""
+    lo, hi = 63500, 63999
+    port = free_port_between(lo, hi)
+    address = f"ws://127.0.0.1:{port}"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        await run(cli.line_with, manager, "manager listening on")
+        worker = cli.start("worker", address, "--port-range", f"{lo}-{hi}")
+        await run(cli.line_with, worker, "joined")
+        async with Cluster(address) as c:
+            futs = [c.submit(sum, [1, i]) for i in range(6)]
+            doubled = c.submit(labops.double, 21)
+            futs.append(c.submit(abs, -5))
+            reader = c.submit(sum, [doubled])
+            tripled = c.submit(labops.triple, 2)
+            imported = c.submit(repr, _ImportsIt(), pure=False)  # found by halving
+            futs.append(c.submit(max, [7, 3], priority=1))  # another message, after
+            assert await c.gather(futs) == [1, 2, 3, 4, 5, 6, 5, 7]
+            for fut, name in ((doubled, "double"), (tripled, "triple")):
+                with pytest.raises(GraphNotLoadable) as caught:
+                    await fut
+                assert (caught.value.what, caught.value.module) == (f"{MODULE}.{name}", MODULE)
+            with pytest.raises(GraphNotLoadable) as caught:
+                await imported
+            assert (caught.value.what, caught.value.module) == ("", MODULE)
+            with pytest.raises(DependencyFailed) as failed:
+                await reader
+            assert f"{MODULE}.double" in str(failed.value)
 
 
 def test_the_children_cannot_import_the_module(labops: ModuleType, tmp_path: Path) -> None:
