@@ -1798,10 +1798,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _tasks_running(self, ev: TasksRunning) -> None:
         """The worker says these tries have executed for a while: each one's running
         time (what speculation weighs) counts from its start there, not from when it
-        was sent (it may have waited in the worker's queue)."""
+        was sent (it may have waited in the worker's queue). A throttled worker's
+        producer that executes holds its thread (``_taken``): whether the worker is
+        free is looked at again."""
         if ev.worker not in self.workers:
             return
         now, wid = self._now, ev.worker
+        ws = self.workers[wid]
         for key, attempt, seconds in ev.started:
             ts = self.tasks.get(key)
             if ts is None or ts.state != "processing":
@@ -1810,13 +1813,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 continue  # an earlier try of it there (cancelled, sent again since)
             if ts.worker == wid:
                 ts.started = max(ts.sent, now - seconds)
-                ws = self.workers[wid]
                 ts.rss_began = ws.rss
                 ws.waiting.pop(ts, None)
                 ws.began[ts] = ts.started
             elif wid in self.copies.get(ts, ()):
                 sent = self.copies[ts][wid][0]
                 self.copy_started[(ts, wid)] = max(sent, now - seconds)
+        if ws.throttled:
+            self._update_free(ws)
 
     def _attempt_on(self, ts: TaskState, wid: str) -> int:
         """The number of the try of ``ts`` running on ``wid`` (its first, or a copy)."""

@@ -326,6 +326,24 @@ def test_producers_that_began_before_the_throttle_keep_their_cores_from_a_consum
     assert s.tasks["sum-0"].state == "queued"
 
 
+def test_a_deferred_producer_that_starts_executing_takes_its_throttled_workers_core(
+    make_state: Factory,
+) -> None:
+    """The same producer told executing after the throttle (it began, or began just
+    before and its report came later): the worker, free while the producer was only
+    deferred, is free no more (before, it stayed among the free workers, with its one
+    core taken, until some other event looked at it again)."""
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    keys = [f"load-{i}" for i in range(3)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert on(s, "w1") == {"load-0"} and "w1" not in s.free
+    throttle(s, "w1", now=100.0)
+    assert "w1" in s.free  # load-0 deferred there: on no thread
+    assert run(s, TasksRunning("ran", 101.0, "w1", (("load-0", 0, 0.5),))) == []
+    assert "w1" not in s.free
+
+
 def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_throttle(
     make_state: Factory,
 ) -> None:
