@@ -142,7 +142,8 @@ Disk-aware placement, the disk watchdog and its stall breaker are in
 :class:`SchedulerState` inherits; docs/files.md, "Disks").
 
 The memory watchdog (``_watch_memory``), per pool: if every worker of a pool stays
-throttled, nothing but producers of it is active there and nothing finishes on them
+throttled, nothing but producers of it is active there, none of them executing (a try
+that executes ends, or is killed, and frees its memory), and nothing finishes on them
 for ``stall_timeout`` seconds, and no task elsewhere reads an output held there
 (``_read_elsewhere``), the pool's active tasks fail with
 :class:`~runtime.errors.MemoryStalled` and the other pools run on; tasks of any pool
@@ -5041,9 +5042,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _watch_memory(self) -> None:
         """The memory watchdog (the module docstring), per pool: a pool whose every
-        worker is throttled, none of them away, none running a consumer, no consumer
-        ready with room for it there (``_room_for``) and tasks of the pool waiting,
-        for ``stall_timeout``, fails those tasks with
+        worker is throttled, none of them away, none executing a try or running a
+        consumer, no consumer ready with room for it there (``_room_for``) and tasks of
+        the pool waiting, for ``stall_timeout``, fails those tasks with
         :class:`~runtime.errors.MemoryStalled`, unless a task running
         or ready elsewhere reads an output held there (``_read_elsewhere``: then its
         clock starts again); the other pools run on. ``"*"`` (the tasks of any pool, which
@@ -5076,18 +5077,23 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _memory_moves(self, key: str) -> str:
         """Why pool ``key``, every worker of which is throttled, is not stalled for
         memory ("": it is): nothing of the pool was submitted, a worker of it is away
-        (held for its rejoin, it cannot say its memory came down), a consumer runs on
-        one of its workers (it may free memory), one is ready and a worker of the pool
-        has room for it (``_room_for``: a consumer waiting for slots or cores that
-        deferred producers hold waits for ever), or nothing of the pool waits (memory
-        held is the results). No scan of tasks: its workers, the ready heads, the
-        counters."""
+        (held for its rejoin, it cannot say its memory came down), a try executes on
+        one of its workers (``WorkerState.began``, producer or not: it ends and frees
+        what it holds, or is killed at the terminate fence or past its ``timeout=``; its
+        own memory is no stall of its pool, and the clock starts when it ends), a
+        consumer runs on one of them (it may free memory), one is ready and a worker of
+        the pool has room for it (``_room_for``: a consumer waiting for slots or cores
+        that deferred producers hold waits for ever), or nothing of the pool waits
+        (memory held is the results). No scan of tasks: its workers, the ready heads,
+        the counters."""
         pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
         workers = self.workers if pool is None else self.pool_members.get(pool, {})
         if any(ws.away is not None for ws in workers.values()):
             return "a worker is away"
+        if any(ws.began for ws in workers.values()):
+            return "a try executes"
         if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
             return "a consumer runs"
         for q, heap in self.queues.items():

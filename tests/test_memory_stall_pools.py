@@ -26,6 +26,7 @@ from actors.scheduler_events import (
     KeyErred,
     PlacementStallBegan,
     TasksFinished,
+    TasksRunning,
     WorkerAway,
     WorkerJoined,
     WorkerMemory,
@@ -140,6 +141,29 @@ def test_a_throttled_pool_with_a_consumer_running_or_ready_is_not_stalled(
     assert [e.key for e in errors] == ["sum-1"]  # the wanted key; load-1 failed too
     assert (s.tasks["load-1"].state, s.tasks["sum-1"].state) == ("erred", "erred")
     assert isinstance(errors[0].error, MemoryStalled)
+
+
+def test_a_pool_whose_worker_executes_a_try_is_not_stalled_until_it_ends(
+    make_state: Factory,
+) -> None:
+    """frame-1 began on w4 before it was throttled (it executes, holding memory there):
+    the pool is not stalled while it does (it ends, or is killed, and frees memory);
+    once it ends the pool's clock starts, and the frames still to run fail at
+    ``stall_timeout``, none of them running (the failures audit's finding 1)."""
+    s = spill_pool(make_state)
+    assert s.stalled_since == {"spill": 100.0}
+    assert run(s, TasksRunning("ran", 101.0, "w4", (("frame-1", 0, 0.5),))) == []
+    assert not s.stalled_since
+    assert tick(s, 200.0) == [] and not s.stalled_since
+    run(s, TasksFinished("done", 201.0, "w4", (result("frame-1", nbytes=300 * MB),)))
+    assert not on(s, "w4") and s.stalled_since == {"spill": 201.0}
+    assert tick(s, 205.9) == []
+    cmds = tick(s, 206.0)
+    assert [type(c) for c in cmds] == [KeyErred] * 4
+    assert [c.key for c in cmds] == ["frame-5", "frame-4", "frame-3", "frame-2"]
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and (err.pool, err.waiting) == ("spill", 4)
+    assert err.holding == [("frame", 600 * MB, 2)]
 
 
 def test_tasks_of_any_pool_stall_only_when_every_worker_is_throttled(

@@ -12,6 +12,8 @@ import pytest
 from actors.scheduler_events import (
     CategoryForgotten,
     Execute,
+    FileFacts,
+    KeyDone,
     KeyErred,
     PolicyChanged,
     TasksFinished,
@@ -1186,6 +1188,52 @@ def test_a_consumer_with_a_slot_open_for_it_still_counts_as_progress(
     run(s, event_at(finish_event(s, "w1", key), 101.0))
     assert len(s.workers["w1"].processing) == 1
     assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
+
+
+def test_a_try_that_executes_is_not_stalled_by_its_own_memory(make_state: Factory) -> None:
+    """The failures audit's finding 1: one task holding most of its thread worker's
+    memory (under the limit) throttles the worker; it is the only task. Before, it
+    failed with ``MemoryStalled`` after ``stall_timeout`` while it ran, counted among
+    the "producer tasks still to run". A try that executes ends (and frees its memory)
+    or is killed (the terminate fence, its ``timeout=``): no stall while one does."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    submit(s, {"steady": []}, ["steady"])
+    assert on(s, "w1") == {"steady"} and s.tasks["steady"].producer
+    run(s, TasksRunning("ran", 99.0, "w1", (("steady", 0, 0.5),)))
+    assert throttle(s, "w1", now=100.0) == [] and not s.stalled_since
+    assert tick(s, 200.0) == [] and not s.stalled_since
+    cmds = run(s, TasksFinished("done", 201.0, "w1", (result("steady", nbytes=250 * MB),)))
+    assert [type(c) for c in cmds] == [KeyDone, FileFacts]
+    assert s.tasks["steady"].state == "memory" and not s.stalled_since
+
+
+def test_a_stall_still_fires_once_the_try_that_executed_ends(make_state: Factory) -> None:
+    """The deadlock the watchdog is for outlives a try that executed: it ends, its
+    output held, the worker stays throttled and the producers left wait there for
+    ever. The clock starts when it ends, and they fail ``stall_timeout`` later, the
+    deferred try taken back, none of them counted as run (none executed)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    keys = [f"load-{i}" for i in range(4)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    (first,) = on(s, "w1")
+    run(s, TasksRunning("ran", 99.0, "w1", ((first, 0, 0.5),)))
+    throttle(s, "w1", now=100.0)
+    assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since
+    cmds = run(s, TasksFinished("done", 201.0, "w1", (result(first, nbytes=300 * MB),)))
+    assert of(cmds, Execute) == []  # no producer goes to a throttled worker
+    assert s.stalled_since == {"*": 201.0}
+    assert tick(s, 205.9) == []
+    cmds = tick(s, 206.0)
+    left = sorted(set(keys) - {first})
+    assert [type(c) for c in cmds] == [KeyErred] * 3
+    assert sorted(c.key for c in cmds) == left
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and all(c.error is err for c in cmds)
+    assert (err.waiting, err.stalled_for, err.holding) == (3, 5.0, [("load", 300 * MB, 1)])
+    assert "The 3 producer tasks still to run" in str(err)
+    assert s.tasks[first].state == "memory" and not s.stalled_since
 
 
 def test_held_results_alone_are_not_a_stall(make_state: Factory) -> None:
