@@ -312,14 +312,14 @@ async def test_a_thread_task_holding_most_of_its_workers_memory_runs_to_its_end(
     release = tmp_path / "release"
     with anyio.fail_after(30):
         async with Cluster(
-            processes=1, port=PORT, memory_per_worker=MEMORY, stall_timeout=0.5
+            processes=1, port=PORT, memory_per_worker=MEMORY, stall_timeout=0.25
         ) as c:  # fmt: skip
             await c.wait_for_workers(1, timeout=20)
             future = c.submit(held, HELD, str(release))
 
             async def throttled_a_while() -> bool:
                 st = await c.status()
-                return future.done() or any(t >= 2.0 for t in st["throttled_seconds"].values())
+                return future.done() or any(t >= 1.0 for t in st["throttled_seconds"].values())
 
             await wait_until(throttled_a_while, step=0.1)  # 4 stall_timeouts, or it ended
             assert not future.done()  # it ran on, throttled
