@@ -1337,14 +1337,30 @@ class AutoscalerState:
         for wid in sorted(b.undraining):
             self._out.append(UndrainWorker(wid, b.block_id))
 
+    def _runs_any(self, pool: str) -> bool:
+        """``pool``'s workers run tasks of no pool too (its limits' ``any_pool_tasks``;
+        a pool without limits: yes), so they count in its demand."""
+        ps = self.pools.get(pool)
+        return ps is None or ps.limits is None or ps.limits.any_pool_tasks
+
+    def ready_for(self, pool: str) -> int | None:
+        """Ready tasks ``pool`` may run: its own and, unless it runs only those
+        (``any_pool_tasks = false``), those of no pool; None until the scheduler's
+        counts were seen."""
+        if self.queued is None:
+            return None
+        own = self.queued.get(pool, 0)
+        return own + self.queued.get(ANY_POOL, 0) if self._runs_any(pool) else own
+
     def active(self, pool: str) -> int | None:
-        """Tasks ``pool`` may run that are ready (its own and any pool's) or in the
-        hands of its blocks' workers (not those being scaled in); None until the
-        scheduler's counts were seen."""
-        if self.queued is None or self.processing is None:
+        """Tasks ``pool`` may run that are ready (:meth:`ready_for`) or in the hands of
+        its blocks' workers (not those being scaled in); None until the scheduler's
+        counts were seen."""
+        ready = self.ready_for(pool)
+        if ready is None or self.processing is None:
             return None
         running = sum(self.processing.get(w, 0) for b in self.live(pool) for w in b.workers)
-        return self.queued.get(pool, 0) + self.queued.get(ANY_POOL, 0) + running
+        return ready + running
 
     def spent_at_work(self, pool: str) -> int:
         """Blocks of ``pool`` drained because their workers were sent the pool's
@@ -1360,9 +1376,11 @@ class AutoscalerState:
         )
 
     def upcoming_in(self, pool: str) -> tuple[float, ...]:
-        """The next wave ``pool`` may run (its own and any pool's), as last seen: the
-        seconds until each task is expected to be ready, shortest first."""
-        own, anywhere = self.upcoming.get(pool, ()), self.upcoming.get(ANY_POOL, ())
+        """The next wave ``pool`` may run (its own and, as for :meth:`ready_for`, those
+        of no pool), as last seen: the seconds until each task is expected to be ready,
+        shortest first."""
+        own = self.upcoming.get(pool, ())
+        anywhere = self.upcoming.get(ANY_POOL, ()) if self._runs_any(pool) else ()
         return tuple(sorted((*own, *anywhere))) if anywhere else own
 
     def idle_for(self, pool: str) -> tuple[float, ...]:
@@ -1375,9 +1393,7 @@ class AutoscalerState:
         """The policy's proposal for ``ps``, checked: clamped to 0..max_blocks (and the
         pool's own max_blocks); if it is not a whole number, or the policy raises, a
         policy error: the pool's last good proposal (:meth:`_policy_failed`)."""
-        queued = None
-        if self.queued is not None:
-            queued = self.queued.get(ps.pool, 0) + self.queued.get(ANY_POOL, 0)
+        queued = self.ready_for(ps.pool)
         active = self.active(ps.pool)
         target = self.target(ps.pool)
         view: PoolView = PoolView(ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued)

@@ -98,6 +98,9 @@ COMMON_KEYS: Mapping[str, Any] = {
     "spare_blocks": 0,
     "tasks_per_worker": None,  # no limit: a worker takes tasks until it is drained
     "fallback": None,
+    # false: tasks of no pool (submitted without pool=) never run on its workers, nor
+    # count in its demand: the pool runs only the tasks that name it
+    "any_pool_tasks": True,
     # the worker processes' own flags (runtime worker --help); None: the worker's default
     "worker_host": None,  # --host; a Slurm pool's default: its node's address ({host})
     "worker_port_range": None,  # --port-range LO-HI
@@ -189,6 +192,9 @@ class PoolConfig:
     #: ends (None: no limit)
     tasks_per_worker: int | None = None
     fallback: str | None = None  #: the pool long preempted tasks move to
+    #: its workers run tasks of no pool (``pool=`` not given) too, and they count in its
+    #: demand; False: only the tasks that name it
+    any_pool_tasks: bool = True
     partition: str = ""
     account: str = ""
     qos: str = ""
@@ -260,6 +266,7 @@ class PoolConfig:
             max_idletime=self.max_idletime,
             provisioning_timeout=self.provisioning_timeout,
             spare_blocks=self.spare_blocks,
+            any_pool_tasks=self.any_pool_tasks,
         )
 
 
@@ -304,6 +311,17 @@ def _task_limit(pool: str, value: object) -> int | None:
         ", the tasks each worker runs before it is drained and its block ends (leave it "
         "out: no limit)",
     )  # fmt: skip
+
+
+def _flag(pool: str, key: str, value: object, what: str = "") -> bool:
+    """Pool ``pool``'s ``key``: true or false (``what``: what it does); the text
+    ``"true"`` or ``"false"`` gets the boolean it meant."""
+    if isinstance(value, bool):
+        return value
+    meant = value.strip().lower() if isinstance(value, str) else ""
+    hint = f"; did you mean {key} = {meant} (a boolean, not a string)?" if meant in (
+        "true", "false") else ""  # fmt: skip
+    raise PoolConfigError(pool, key, f"must be true or false{what}, got {value!r}{hint}")
 
 
 def _text(pool: str, key: str, value: object) -> str:
@@ -610,15 +628,12 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         fallback = _text(name, "fallback", fallback)
         if fallback == name:
             raise PoolConfigError(name, "fallback", "a pool cannot fall back to itself")
-    exclusive = raw.get("exclusive", False)
-    if not isinstance(exclusive, bool):
-        meant = str(exclusive).strip().lower() if isinstance(exclusive, str) else ""
-        hint = (
-            f"; did you mean exclusive = {meant} (a boolean, not a string)?"
-            if meant in ("true", "false")
-            else ""
-        )
-        raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}{hint}")
+    exclusive = _flag(name, "exclusive", raw.get("exclusive", False))
+    any_pool_tasks = _flag(
+        name, "any_pool_tasks", raw.get("any_pool_tasks", True),
+        " (false: its workers run only the tasks that name this pool, and tasks "
+        "submitted without pool= neither run there nor scale it)",
+    )  # fmt: skip
     texts = {
         k: _text(name, k, raw.get(k, ""))
         for k in SLURM_KEYS
@@ -646,6 +661,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         spare_blocks=spare,
         tasks_per_worker=_task_limit(name, raw.get("tasks_per_worker")),
         fallback=fallback,
+        any_pool_tasks=any_pool_tasks,
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,
         signal_warning=_signal_warning(name, raw.get("signal_warning", 0), walltime),

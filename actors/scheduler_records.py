@@ -161,6 +161,9 @@ class SchedulerConfig:
     #: the configured pools (and an embedded cluster's own pool): a retry policy may
     #: move a task to one of them, or to a pool a worker has joined
     pools: tuple[str, ...] = ()
+    #: the pools whose workers run only the tasks that name them (a pool's
+    #: ``any_pool_tasks = false``): a task of no pool never goes to one of their workers
+    reserved_pools: frozenset[str] = frozenset()
     #: seconds one kind of policy's calls may take in one turn of the core (one
     #: ``handle``, on the clock the shell injects): past it that kind is not asked again
     #: in the turn, its built-in fallback answers, and the turn counts as a slow one

@@ -102,6 +102,7 @@ class PlacementWatch(CorePart):
 
         def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
         def spent(self, ws: WorkerState) -> bool: ...
+        def _runs_on(self, pool: str | None, ws: WorkerState) -> bool: ...
         def _copy_off(self, ws: WorkerState, keys: set[TaskState], *, to: WorkerState) -> None: ...
 
     def _init_placement_watch(self) -> None:
@@ -218,10 +219,11 @@ class PlacementWatch(CorePart):
         )
 
     def _connected(self, pool: str | None) -> list[WorkerState]:
-        """The connected workers (not away, not retired) of ``pool`` (None: any)."""
+        """The connected workers (not away, not retired) of ``pool`` (None: those that
+        take tasks of no pool, the reserved pools' left out)."""
         return [
             ws for ws in self.workers.values()
-            if ws.away is None and not ws.retired and (pool is None or ws.pool == pool)
+            if ws.away is None and not ws.retired and self._runs_on(pool, ws)
         ]  # fmt: skip
 
     def _idle_connected(self, pool: str | None) -> bool:

@@ -2568,7 +2568,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             return fits
         pool = ts.spec.pool
         later = any(
-            (pool is None or w.pool == pool)
+            self._runs_on(pool, w)
             and not w.draining
             and (w.deadline is None or w.deadline - now >= need)
             for w in self.workers.values()
@@ -2675,9 +2675,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """No free worker of ``pool`` (any, for None) that takes the ready heap's tasks
         (producers, for ``producer``) has a core free of tasks (``_core_free``)."""
         return not any(
-            (pool is None or w.pool == pool)
-            and (not producer or self._takes_producer(w))
-            and _core_free(w)
+            self._runs_on(pool, w) and (not producer or self._takes_producer(w)) and _core_free(w)
             for w in self.free.values()
         )
 
@@ -4097,9 +4095,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Give ready tasks to workers with free slots, best priority first.
 
         The heads of the heaps compete; under memory pressure (when the memory policy
-        yields) a producer head ranks after every consumer head."""
+        yields) a producer head ranks after every consumer head. A head of a pool ranks
+        before every head of no pool (a free worker runs its own pool's ready tasks
+        before those any pool may run), and a task of no pool goes to a worker whose
+        pool has no ready task of its own first (``_own_first``), never to one of a
+        reserved pool (``SchedulerConfig.reserved_pools``)."""
         parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
         yields = self._yields()
+        reserved = self.config.reserved_pools
+        pooled = any(q[0] is not None for q in self.queues)  # a pool has a heap: _own_first
         if self.disk_parked:  # (no new set per fill: this runs after every event)
             self.disk_parked.clear()
         if self._past_picks:
@@ -4118,14 +4122,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
                 if not heap:
                     continue
-                rank = (q[1] and yields, heap[0])
+                pool, producer = q
+                rank = (producer and yields, pool is None, heap[0])
                 if best is not None and rank >= best:
                     continue
-                pool, producer = q
                 no_free_worker = not self.free or (
-                    (pool is not None or producer)
+                    (pool is not None or producer or reserved)
                     and not any(
-                        (pool is None or w.pool == pool)
+                        (w.pool == pool if pool is not None else w.pool not in reserved)
                         and (not producer or self._takes_producer(w))
                         for w in self.free.values()
                     )
@@ -4155,6 +4159,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 parked.append((best_q, entry))
                 continue
             candidates = self._candidates(ts)
+            if pooled and ts.spec.pool is None and len(candidates) > 1:
+                candidates = self._own_first(candidates, parked)
             # Asked in the scan already (nothing changed since), or asked now (_data_holder's
             # first test inline: a producer, a task without inputs, no hook: none).
             if best_holder is not False:
@@ -4189,6 +4195,28 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
+
+    def _own_first(
+        self,
+        candidates: list[WorkerState],
+        parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]],
+    ) -> list[WorkerState]:
+        """Of the free workers that may take a task of no pool, those whose pool has no
+        ready task of its own (in its heaps, or parked in this fill: they wait for a
+        worker of the pool), if there are any: the others are kept for their pool's
+        tasks (a scarce pool's worker is not taken by work any worker may run)."""
+        waiting = {q[0] for q, heap in self.queues.items() if heap and q[0] is not None}
+        waiting.update(q[0] for q, _ in parked if q[0] is not None)
+        if not waiting:
+            return candidates
+        free = [w for w in candidates if w.pool not in waiting]
+        return free or candidates
+
+    def _runs_on(self, pool: str | None, ws: WorkerState) -> bool:
+        """A task of ``pool`` may run on ``ws``: one of its pool, or for a task of no
+        pool (None) any worker whose pool is not reserved (``any_pool_tasks = false``:
+        ``SchedulerConfig.reserved_pools``)."""
+        return ws.pool == pool if pool is not None else ws.pool not in self.config.reserved_pools
 
     def _rise(self, ts: TaskState) -> int:
         """How much ``ts`` is expected to raise its worker's RSS while it runs: its
@@ -4276,10 +4304,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         producer = ts.producer
         need = ts.in_nbytes  # memory admission: its inputs fit under the limit (0: none)
         rise = self._rise(ts)  # ... and its RSS rise beside the tries running there
+        reserved = self.config.reserved_pools
         cands = [
             w
             for w in self.free.values()
-            if (pool is None or w.pool == pool)
+            if (w.pool == pool if pool is not None else w.pool not in reserved)
             and w.memory >= mem
             and w.cores >= cores
             and (w.memory >= need or not w.memory)
@@ -4468,7 +4497,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
         """Pool, resources and memory admission allow ``ts`` on ``ws``."""
-        if ts.spec.pool is not None and ts.spec.pool != ws.pool:
+        if not self._runs_on(ts.spec.pool, ws):
             return False
         if ws.memory and ws.memory < ts.in_nbytes:
             return False

@@ -46,6 +46,9 @@ class PoolLimits:
     #: seconds from a block's request after which a block not running yet stops
     #: counting as capacity and is replaced (None: a pending block counts until it runs)
     provisioning_timeout: float | None = None
+    #: its blocks run tasks of no pool (``pool=`` not given) too, so they count in its
+    #: active tasks; False (the pool's ``any_pool_tasks = false``): only its own do
+    any_pool_tasks: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_blocks <= self.init_blocks <= self.max_blocks:

@@ -451,7 +451,8 @@ async def start_control_plane(
     manager checks submissions against (a task asking for more than every worker of its
     pool has is refused) and whose ``drain_period`` the scheduler drains their workers
     by (:func:`pool_drain_periods`), and after their ``tasks_per_worker`` tasks
-    (:func:`pool_tasks_per_worker`). ``fixed``: with no ``pools``, an embedded
+    (:func:`pool_tasks_per_worker`); a pool with ``any_pool_tasks = false`` gets no task
+    of no pool. ``fixed``: with no ``pools``, an embedded
     cluster's one pool, the shape of its workers (:func:`worker_shape`) and where that
     is set (``"Cluster(...)"``): checked the same, and a task naming another pool that
     no worker has joined is told to its client. ``closed``: who runs this cluster
@@ -481,6 +482,7 @@ async def start_control_plane(
         monitor=monitor_feed or monitoring is not None,
         pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
         pools=tuple(pools) if pools else (fixed[0],) if fixed is not None else (),
+        reserved_pools=frozenset(n for n, p in (pools or {}).items() if not p.any_pool_tasks),
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:

@@ -24,6 +24,9 @@ The checks:
 - ``drain``: how long before its walltime each pool with one has its workers drained;
   a WARN when, without a ``drain_period``, the default margin would be capped at half
   a short walltime.
+- ``any-pool tasks``: with two pools or more, a WARN for each pool at ``min_blocks = 0``
+  that tasks of no pool may run on (``any_pool_tasks``, the default): they scale it
+  (:func:`check_any_pool`).
 - ``policies``: the ``[policies]`` table, loaded as the manager loads it
   (:func:`actors.pools.load_policies`: each policy made once, with its parameters); a
   name that is not built in cannot be checked without the ``--policy-module`` that
@@ -323,6 +326,29 @@ def check_drain(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
                 f"before their walltime of {walltime:g} s, at most half of it"
             )
             results.append(CheckResult(pool.name, "drain", PASS, seen))
+    return results
+
+
+def check_any_pool(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
+    """With more than one pool, each pool at ``min_blocks = 0`` that runs tasks of no
+    pool (``any_pool_tasks`` true, the default): a WARN that such tasks (``pool=`` not
+    given) count in its demand, so they start its blocks, up to ``max_blocks``, beside
+    the pool meant for them (a GPU pool kept at 0 blocks scaled up by CPU work)."""
+    if len(pools) < 2:
+        return []
+    results = []
+    for pool in pools.values():
+        if pool.min_blocks or not pool.any_pool_tasks:
+            continue
+        results.append(CheckResult(
+            pool.name, "any-pool tasks", WARN,
+            f"min_blocks = 0, and tasks submitted without pool= count in its demand: they "
+            f"start its blocks (up to max_blocks = {pool.max_blocks}) and run on its "
+            "workers beside the other pools'",
+            f"If the pool is for the tasks that name it only (a scarce or costly one), set "
+            f"any_pool_tasks = false in [pools.{pool.name}]; or give every task a pool= "
+            "(docs/configuration.md#pools).",
+        ))  # fmt: skip
     return results
 
 
@@ -1202,6 +1228,7 @@ def run_checks(
     if size is not None:
         results.append(size)
     results += check_drain(pools)
+    results += check_any_pool(pools)
     for pool in pools.values():
         if pool.provider == "local":
             if probe:
