@@ -52,6 +52,7 @@ from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeysReused, KeyTaken
+from actors.scheduler_state import TERMINATE
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
@@ -401,12 +402,20 @@ def _past_limit_news(said: set[str], reply: StatusReply | None, manager: str) ->
     """One look: log ONE warning per worker episode for each worker in ``reply`` (the
     manager's status while this client's tasks wait; None: none waits, nothing is
     said) that ran past its terminate fence with its tasks in threads
-    (``WorkerMemoryReport.past_peak``), which that fence cannot kill; ``said``: the
-    workers told of already. Returns those told of that still are past it (a worker
-    that left, or was told of and is no longer, is told of again in a new episode)."""
+    (``WorkerMemoryReport.past_peak``), which that fence cannot kill, and is still high
+    by its latest memory report (throttled, or its RSS at or past the terminate fence:
+    ``TERMINATE`` of its limit; a worker reports as it stops throttling). A worker
+    whose memory came back down long ago is not told of: its ``past_peak`` stays for
+    as long as it is connected. ``said``: the workers told of already. Returns those
+    told of that still are past it (a worker that left, or was told of and is no
+    longer, is told of again in a new episode)."""
     if reply is None:
         return said
-    past = {w: m for w, m in sorted(reply.memory.items()) if m.past_peak}
+    past = {
+        w: m
+        for w, m in sorted(reply.memory.items())
+        if m.past_peak and (m.throttled or m.rss >= TERMINATE * m.limit)
+    }
     for w, m in past.items():
         if w in said:
             continue

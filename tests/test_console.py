@@ -1147,6 +1147,26 @@ def test_a_worker_past_its_limit_is_told_once_per_worker_episode() -> None:
         assert len(log.lines) == 2 and "peak='1.00 GiB'" in log.lines[1]
 
 
+def test_a_worker_whose_memory_came_back_down_is_not_told_of_to_a_new_client() -> None:
+    """User audit "pools", finding 5: a thread worker went to 870 MiB of its 512 MiB
+    minutes before; its past_peak stays while it is connected, but its latest memory
+    report has it at 65 MiB, not throttled. A client connecting now says nothing of it;
+    while it is still throttled, or back past its terminate fence, it is told of."""
+
+    def status(rss: int, throttled: bool) -> StatusReply:
+        report = WorkerMemoryReport(
+            "cpu-1.0", throttled, rss, 358 * MiB, 512 * MiB, past_peak=870 * MiB
+        )
+        return StatusReply(memory={"cpu-1.0": report})
+
+    with log_lines("corral.client", logging.WARNING) as log:
+        assert _past_limit_news(set(), status(65 * MiB, False), "m") == set()
+        assert log.lines == []
+        assert _past_limit_news(set(), status(400 * MiB, True), "m") == {"cpu-1.0"}
+        assert _past_limit_news(set(), status(500 * MiB, False), "m") == {"cpu-1.0"}
+        assert len(log.lines) == 2 and "worker='cpu-1.0'" in log.lines[0]
+
+
 def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -> None:
     """The hint's pure rule: throttled seconds gained since the episode began (the
     first look with tasks waiting), by more than half of the workers present."""
