@@ -27,6 +27,9 @@ The checks:
 - ``any-pool tasks``: with two pools or more, a WARN for each pool at ``min_blocks = 0``
   that tasks of no pool may run on (``any_pool_tasks``, the default): they scale it
   (:func:`check_any_pool`).
+- ``memory limit``: a WARN for each pool that sets ``memory_per_worker`` with thread
+  execution (the default), where the limit is not enforced on a task (only
+  ``execution = "process"`` kills a task past it).
 - ``policies``: the ``[policies]`` table, loaded as the manager loads it
   (:func:`actors.pools.load_policies`: each policy made once, with its parameters); a
   name that is not built in cannot be checked without the ``--policy-module`` that
@@ -113,6 +116,7 @@ __all__ = [
     "check_directories",
     "check_drain",
     "check_local",
+    "check_memory_limit",
     "check_partition",
     "check_policies",
     "check_test_only",
@@ -348,6 +352,29 @@ def check_any_pool(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
             f"If the pool is for the tasks that name it only (a scarce or costly one), set "
             f"any_pool_tasks = false in [pools.{pool.name}]; or give every task a pool= "
             "(docs/configuration.md#pools).",
+        ))  # fmt: skip
+    return results
+
+
+def check_memory_limit(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
+    """Each pool that sets ``memory_per_worker`` with thread execution (the default): a
+    WARN that the limit is not enforced on a task. In threads the worker's fences only
+    spill and throttle, and a task that grows past the limit runs on (warned of, never
+    killed); only ``execution = "process"`` has the terminate fence kill the task that
+    grew (its try ends ``oom``; ``TaskOutOfMemory`` when it has no retry left)."""
+    results = []
+    for pool in pools.values():
+        if not pool.memory_per_worker or pool.execution not in ("", "thread"):
+            continue
+        results.append(CheckResult(
+            pool.name, "memory limit", WARN,
+            f"memory_per_worker = {size_text(pool.memory_per_worker)} with thread execution"
+            f"{'' if pool.execution else ' (the default)'}: the limit is not enforced on "
+            "a task: its workers spill and throttle at its fences and warn past it, but a "
+            "task that grows past it runs on (a thread cannot be killed)",
+            f'Set execution = "process" in [pools.{pool.name}] for a limit that kills the '
+            "task that grew past it (TaskOutOfMemory), or keep threads if a warning is "
+            "enough (they cost no copy of inputs and outputs).",
         ))  # fmt: skip
     return results
 
@@ -1229,6 +1256,7 @@ def run_checks(
         results.append(size)
     results += check_drain(pools)
     results += check_any_pool(pools)
+    results += check_memory_limit(pools)
     for pool in pools.values():
         if pool.provider == "local":
             if probe:

@@ -101,7 +101,9 @@ def test_a_good_local_config_passes_with_the_managers_versions(tmp_path: Path) -
     assert not spill.exists()  # checking creates nothing
     size = next(line for line in lines if "local size" in line)
     assert size.startswith("PASS") and "2 worker process(es) announcing 2 core(s)" in size
-    assert lines[-1] == "3 checks: 0 failed, 0 warnings"
+    limit = next(line for line in lines if "memory limit" in line)
+    assert limit.startswith("WARN") and "here" in limit and "64.0 MiB" in limit, limit
+    assert lines[-1] == "4 checks: 0 failed, 1 warnings"
 
 
 def test_a_rule_on_a_pool_not_configured_is_a_warning(tmp_path: Path) -> None:
@@ -266,7 +268,7 @@ def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
     got = results(done)
     assert set(got) == {
         ("here", "probe"), ("*", "local size"), ("*", "spill directory"),
-        ("*", "output directory"),
+        ("*", "output directory"), ("here", "memory limit"),
     }  # fmt: skip
     assert got[("here", "probe")]["status"] == PASS
     size = got[("*", "local size")]  # 4 workers of 4000 TiB: more than this machine has
@@ -435,6 +437,8 @@ def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None
         cli.line_with(proc, "manager listening on")  # then the checks, in the background
         warning = cli.line_with(proc, "pre-flight WARN")  # 8000 TiB on this machine
         assert "local size" in warning and "announce more memory than it has" in warning
+        warning = cli.line_with(proc, "pre-flight WARN")  # a limit in thread execution
+        assert "memory limit" in warning and "not enforced on a task" in warning
         warning = cli.line_with(proc, "pre-flight WARN")
         assert "spill directory" in warning and "the pools may spill" in warning
         assert proc.poll() is None
@@ -823,6 +827,36 @@ def test_a_short_walltime_without_drain_period_is_a_warning() -> None:
     assert "drained 10 s before their walltime of 60 s" in got[("set", "drain")].detail
     assert got[("long", "drain")].status == PASS
     assert ("none", "drain") not in got
+
+
+def test_a_memory_limit_in_thread_execution_is_a_warning_naming_process() -> None:
+    """An audit's 800 MiB task finished on a 512 MiB `cpu` worker with only warnings:
+    thread execution (the default) cannot kill a task past `memory_per_worker`, and
+    `check` said nothing. Now a pool that sets the limit in threads (default or given)
+    is a WARN naming `execution = "process"`; one in process execution, or one without
+    a limit of its own, gets no line."""
+    from runtime.preflight import run_checks
+
+    pools = pools_from_dicts({
+        "cpu": {"memory_per_worker": "512MiB"},
+        "given": {"memory_per_worker": "1GiB", "execution": "thread"},
+        "gpu": {"memory_per_worker": "512MiB", "execution": "process"},
+        "share": {},
+    })  # fmt: skip
+    got = {(r.pool, r.check): r for r in run_checks(pools, probe=False)}
+    cpu = got[("cpu", "memory limit")]
+    assert cpu.status == WARN, cpu
+    assert cpu.detail.startswith(
+        "memory_per_worker = 512.0 MiB with thread execution (the default): "
+        "the limit is not enforced on a task"
+    ), cpu.detail
+    assert "a task that grows past it runs on" in cpu.detail
+    assert cpu.advice.startswith('Set execution = "process" in [pools.cpu]'), cpu.advice
+    assert "TaskOutOfMemory" in cpu.advice
+    given = got[("given", "memory limit")]
+    assert given.status == WARN and "1.00 GiB with thread execution:" in given.detail, given
+    assert ("gpu", "memory limit") not in got
+    assert ("share", "memory limit") not in got
 
 
 def test_bad_worker_keys_are_refused_by_check_with_did_you_mean(tmp_path: Path) -> None:
