@@ -97,10 +97,18 @@ from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_di
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.client_ids import client_name
-from runtime.errors import PAST_LIMIT_ADVICE, ActorStopped, CorralError, UnknownCategory, size_text
+from runtime.errors import (
+    PAST_LIMIT_ADVICE,
+    ActorStopped,
+    CorralError,
+    UnknownCategory,
+    did_you_mean,
+    size_text,
+)
 from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
+    ANY_POOL,
     MAX_FAILURE_GROUPS_SHOWN,
     MAX_LISTING,
     MAX_STORY_KEYS,
@@ -170,6 +178,7 @@ from runtime.messages import (
     WorkerStorage,
     message,
     pool_name,
+    pool_name_problem,
 )
 
 __all__ = ["MAX_TRACEBACK_TEXT", "Scheduler", "format_error", "traceback_text"]
@@ -1085,8 +1094,9 @@ class Scheduler(Actor):
         st = self.state  # counters kept by the core: no scan of the tasks
         stalls = st.disk_stalls.values()
         placement = st.placement_stalls.values()
+        queues = st.queued_by_pool()
         # (a bare core in tests has no clock)
-        now = self.clock.now() if stalls or placement or st.throttled else 0.0
+        now = self.clock.now() if stalls or placement or st.throttled or queues else 0.0
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -1105,7 +1115,8 @@ class Scheduler(Actor):
             "throttled_seconds": st.throttled_seconds(now),
             "tasks_by_state": st.by_state,
             "queued": st.count("queued"),
-            "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
+            "queues": queues,  #: ready tasks per pool ("*": any pool)
+            "queue_oldest_wait": {pool: st.oldest_wait(pool, now) for pool in queues},
             "held_back": sum(st.held_back().values()),
             "retry_held": sum(st.retry_held_by_pool().values()),
             "categories": (
@@ -1308,19 +1319,43 @@ class Scheduler(Actor):
 
     @handles(TasksQuery)
     def tasks_query(self, msg: TasksQuery) -> tuple[TaskRecord, ...]:
-        """Up to ``limit`` tasks (0: a page, ``MAX_LISTING``) in ``state`` and
-        ``category`` (``None``: any), after the first ``offset`` that match."""
+        """Up to ``limit`` tasks (0: a page, ``MAX_LISTING``) in ``state``,
+        ``category``, of ``client`` and of ``pool`` (``None``: any), after the first
+        ``offset`` that match."""
         if not 0 <= msg.limit <= MAX_LISTING:
             raise ValueError(f"limit must be 0 to {MAX_LISTING} (0: a page), got {msg.limit}")
         if msg.offset < 0:
             raise ValueError(f"offset must be >= 0, got {msg.offset}")
         if msg.state is not None and msg.state not in _STATES:
             raise ValueError(f"unknown task state {msg.state!r}; choose from {', '.join(_STATES)}")
+        if msg.pool is not None:
+            self.check_listed_pool(msg.pool)
         return tuple(
             self.task_records(
-                msg.state, msg.category, msg.limit or MAX_LISTING, msg.offset, msg.client
+                msg.state, msg.category, msg.limit or MAX_LISTING, msg.offset, msg.client,
+                msg.pool,
             )
-        )
+        )  # fmt: skip
+
+    def check_listed_pool(self, pool: str) -> None:
+        """``ValueError`` for a pool a task listing asks for that is no pool's name
+        (``pool_name_problem``), or that the scheduler does not know: not configured,
+        no worker's, no task's (a misspelling, most likely: the pools it knows, and the
+        closest)."""
+        problem = pool_name_problem(pool)
+        if problem:
+            raise ValueError(
+                f"pool {pool!r}: {problem}; name one pool, or leave the pool out for the "
+                "tasks of every pool"
+            )
+        st = self.state
+        tasks = (p for p, n in st.pool_tasks.items() if n)
+        known = sorted({*st.config.pools, *st.pools(), *tasks} - {ANY_POOL})
+        if pool not in known:
+            raise ValueError(
+                f"no pool {pool!r}: none is configured, has a worker or a task by that name "
+                f"(pools: {', '.join(known) or 'none'}{did_you_mean(pool, known)})"
+            )
 
     def task_records(
         self,
@@ -1329,6 +1364,7 @@ class Scheduler(Actor):
         limit: int = 0,
         offset: int = 0,
         client: str | None = None,
+        pool: str | None = None,
     ) -> list[TaskRecord]:
         out: list[TaskRecord] = []
         skip = offset
@@ -1337,6 +1373,7 @@ class Scheduler(Actor):
                 (state is not None and ts.state != state)
                 or (category is not None and ts.category != category)
                 or (client is not None and client_name(ts.client) != client)
+                or (pool is not None and ts.spec.pool != pool)
             ):
                 continue
             if skip:
@@ -1347,10 +1384,9 @@ class Scheduler(Actor):
                 worker = min(ts.who_has)  # where its output is
             # the tries made: those ended, and the one under way (a running first try is 1)
             tries = len(ts.tries) + (ts.state == "processing")
+            by = client_name(ts.client)
             out.append(
-                TaskRecord(
-                    str(ts.key), ts.state, ts.category, worker, tries, client_name(ts.client)
-                )
+                TaskRecord(str(ts.key), ts.state, ts.category, worker, tries, by, ts.spec.pool)
             )
             if limit and len(out) >= limit:
                 break

@@ -97,6 +97,7 @@ from runtime.messages import (
     TasksQuery,
     UndrainRequest,
     pool_name,
+    pool_name_problem,
 )
 from runtime.notify import AlertChanges
 
@@ -141,9 +142,11 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "tasks": (
-        "tasks [--state STATE] [--category CATEGORY] [--client NAME] [--limit N] [--offset N]",
-        "list tasks and the client that submitted each (default: the first 100; --limit 0 a "
-        "page of 10,000; --offset N skips N; --client NAME: that client's only)",
+        "tasks [--state STATE] [--category CATEGORY] [--client NAME] [--pool NAME] [--limit N] "
+        "[--offset N]",
+        "list tasks, the pool and the client that submitted each (default: the first 100; "
+        "--limit 0 a page of 10,000; --offset N skips N; --client NAME: that client's only; "
+        "--pool NAME: those submitted to that pool only)",
         False,
     ),
     "story": ("story KEY", "every recorded transition of a task (or of a worker id)", False),
@@ -503,11 +506,13 @@ class ConsoleClient:
         limit: int = 100,
         offset: int = 0,
         client: str | None = None,
+        pool: str | None = None,
     ) -> list[TaskRecord]:
         """Up to ``limit`` tasks (0: a page of ``MAX_LISTING``) in ``state`` and
-        ``category`` and submitted by the client named ``client`` (None: any), after
-        the first ``offset`` that match."""
-        return list(await self.ask(TasksQuery(state, category, limit, offset, client)))
+        ``category``, submitted by the client named ``client`` and to ``pool`` (None:
+        any), after the first ``offset`` that match. A ``pool`` that is no pool's
+        name, or that the manager does not know, is a ``ValueError`` saying why."""
+        return list(await self.ask(TasksQuery(state, category, limit, offset, client, pool)))
 
     async def story(self, *keys: str) -> list[list[str]]:
         """Transitions of the keys (as text, as :meth:`tasks` shows them):
@@ -692,6 +697,7 @@ class ConsoleClient:
         parser.add_argument("--state", choices=STATES)
         parser.add_argument("--category")
         parser.add_argument("--client")
+        parser.add_argument("--pool")
         parser.add_argument("--limit", type=int, default=100)
         parser.add_argument("--offset", type=int, default=0)
         args = parser.parse_args(_words(rest))
@@ -699,7 +705,14 @@ class ConsoleClient:
             raise ConsoleError(f"--limit must be 0 to {MAX_LISTING} (0: {MAX_LISTING})")
         if args.offset < 0:
             raise ConsoleError("--offset must be >= 0")
-        records = await self.tasks(args.state, args.category, args.limit, args.offset, args.client)
+        if args.pool is not None and (problem := pool_name_problem(args.pool)):
+            raise ConsoleError(
+                f"tasks: --pool {args.pool!r}: {problem}; name one pool (--pool gpu), or "
+                "leave --pool out for the tasks of every pool"
+            )
+        records = await self.tasks(
+            args.state, args.category, args.limit, args.offset, args.client, args.pool
+        )
         data = [jsonable(r) for r in records]
         return Result("tasks", data, render_tasks(data, args.limit, args.offset))
 
@@ -1232,6 +1245,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     files: dict[str, Any] = dict(st.get("files") or {})
     stored: dict[str, int] = dict(files.get("stored_bytes") or {})
     queues: dict[str, int] = dict(st.get("queues") or {})
+    oldest: dict[str, float] = dict(st.get("queue_oldest_wait") or {})
     autoscaler = st.get("autoscaler") or {}
     targets: dict[str, int] = dict(autoscaler.get("targets") or {})
     by_state: dict[str, int] = dict(st.get("tasks_by_state") or {})
@@ -1310,8 +1324,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     lives: dict[str, dict[str, Any]] = dict(st.get("survival") or {})
     pt = Table(title="pools", title_justify="left")
     pcols = (
-        "pool", "workers", "cores", "running", "ready", "target blocks", "lost/lives",
-        "median life",
+        "pool", "workers", "cores", "running", "ready", "oldest wait", "target blocks",
+        "lost/lives", "median life",
     )  # fmt: skip
     for col in pcols:
         pt.add_column(col, justify="left" if col == "pool" else "right")
@@ -1326,6 +1340,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             str(p["cores"]),
             str(p["running"]),
             str(queues.get(pool, 0)),
+            _seconds(oldest.get(pool)),
             "-" if target is None else str(target),
             f"{life.get('deaths', 0)}/{life.get('lives', 0)}" if life else "-",
             _seconds(life.get("median")) if life.get("median") is not None else "-",
@@ -1578,13 +1593,13 @@ def render_tasks(
     if not records:
         return Text(f"no tasks match after the first {offset}" if offset else "no tasks match")
     t = Table()
-    for col in ("key", "state", "category", "worker", "tries", "client"):
+    for col in ("key", "state", "category", "pool", "worker", "tries", "client"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
-    t.columns[3].no_wrap = True
+    t.columns[4].no_wrap = True
     for r in records:
         cells = (
-            r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"],
-            r.get("client") or "-",
+            r["key"], r["state"], r["category"], r.get("pool") or "(any pool)", r["worker"] or "-",
+            r["tries"], r.get("client") or "-",
         )  # fmt: skip
         _row(t, *(str(c) for c in cells))
     last = offset + len(records)
@@ -1929,7 +1944,9 @@ class ConsoleShell(cmd.Cmd):
                 return self.known.get("categories", [])
             if args and args[-1] == "--limit":
                 return []
-            return ["--state", "--category", "--client", "--limit", "--offset", "--json"]
+            if args and args[-1] == "--pool":
+                return self.known.get("pools", [])
+            return ["--state", "--category", "--client", "--pool", "--limit", "--offset", "--json"]
         if name == "policy":
             if not args:
                 return ["list", "set"]

@@ -259,6 +259,7 @@ class TaskRecord(Message):
     worker: str | None = None
     tries: int = 0  #: the tries made: those ended, and the one under way while processing
     client: str = ""  #: the name of the client whose submission brought it ("": not known)
+    pool: str | None = None  #: the pool it was submitted to (None: any pool)
 
 
 @message()
@@ -1584,6 +1585,9 @@ class StatusReply(Message):
     tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
     queued: int = 0
     queues: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: per pool of ``queues``, seconds the oldest of its ready tasks has waited (as
+    #: ``corral_queue_oldest_wait_seconds``)
+    queue_oldest_wait: dict[str, float] = dataclasses.field(default_factory=dict)
     #: of the queued, those held back after failing to get their inputs (a backoff)
     held_back: int = 0
     #: retries held for their backoff (``RetryDecision.delay``): waiting, not ready
@@ -1804,14 +1808,16 @@ class ClientCame(Message):
 class TasksQuery(Message):
     """-> manager -> scheduler: up to ``limit`` tasks (0: as many as a page holds,
     ``MAX_LISTING``) in ``state`` and ``category`` and submitted by the client named
-    ``client`` (``None``: any), skipping the first ``offset`` that match. Reply: a tuple
-    of :class:`TaskRecord`."""
+    ``client`` and of pool ``pool`` (``None``: any; a pool the scheduler does not know
+    is a ``ValueError`` naming the pools it knows), skipping the first ``offset`` that
+    match. Reply: a tuple of :class:`TaskRecord`."""
 
     state: str | None = None
     category: str | None = None
     limit: int = 100
     offset: int = 0
     client: str | None = None
+    pool: str | None = None
 
 
 @message()

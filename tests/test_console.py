@@ -420,7 +420,7 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             data = json.loads(await console.run_command("tasks --state processing --json"))
             assert data == [
                 {"key": blocked.key, "state": "processing", "category": "gated",
-                 "worker": worker.id, "tries": 1, "client": "alice"}
+                 "worker": worker.id, "tries": 1, "client": "alice", "pool": None}
             ]  # fmt: skip
             # who submitted: a column, and a filter
             assert len(await console.tasks(client="alice", limit=0)) == len(
@@ -470,6 +470,84 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
 
             opened.set()
             assert await blocked == 7
+
+
+@pytest.mark.anyio
+async def test_tasks_show_and_filter_by_pool_and_status_shows_each_pools_oldest_wait(
+    gate: Any,
+) -> None:
+    """A user audit with a cpu and a gpu pool: the wait per pool was only in /metrics
+    and the dashboard (`status` showed ready counts, no wait), and `tasks` had no pool
+    column and refused `--pool gpu`. Now `tasks` shows each task's pool and `--pool
+    NAME` keeps that pool's (a pool no pool may be named, or one the manager does not
+    know: an error saying why), and `status` has each pool's oldest wait."""
+    with anyio.fail_after(LIMIT):
+        async with cluster_and_console() as (cluster, console):
+            await cluster.wait_for_workers(1)  # its pool: default
+            opened = gate("pools")
+            running = cluster.submit(gated, "pools", 1, pool="default")
+            anywhere = cluster.submit(add, 1, 2)  # any pool: waits behind the gated one
+            stuck = cluster.submit(add, 3, 4, pool="gpu")  # no worker: it waits
+            await wait_until(lambda: console.tasks(state="processing"), "running")
+            await wait_until(lambda: _when(console.tasks(), lambda rs: len(rs) == 3), "all 3")
+
+            gpu = await console.tasks(pool="gpu")
+            assert [(r.key, r.state, r.pool) for r in gpu] == [(stuck.key, "queued", "gpu")]
+            assert [r.key for r in await console.tasks(pool="default")] == [running.key]
+            every = {r.key: r.pool for r in await console.tasks()}
+            assert every == {running.key: "default", anywhere.key: None, stuck.key: "gpu"}
+            text = await console.run_command("tasks --pool gpu")
+            header = next(line for line in text.splitlines() if "key" in line)
+            assert [c.strip() for c in header.strip("┃").split("┃")] == [
+                "key", "state", "category", "pool", "worker", "tries", "client",
+            ]  # fmt: skip
+            assert stuck.key in text and running.key not in text
+            assert "(any pool)" in await console.run_command("tasks --state queued")
+            data = json.loads(await console.run_command("tasks --pool default --json"))
+            assert [(r["key"], r["pool"]) for r in data] == [(running.key, "default")]
+            # a pool the manager does not know: the pools it knows, and the closest
+            with pytest.raises(ValueError, match=r"no pool 'gpux'.*did you mean 'gpu'\?"):
+                await console.execute("tasks --pool gpux")
+            with pytest.raises(ValueError, match="no pool 'gpux'"):
+                await console.tasks(pool="gpux")
+            # a name no pool has: said before asking
+            with pytest.raises(ConsoleError, match=r"--pool '\*': '\*' is not a pool's name"):
+                await console.execute("tasks --pool *")
+            with pytest.raises(ValueError, match="a pool's name is not empty nor blank"):
+                await console.tasks(pool=" ")
+
+            st = await console.status()
+            waits = st["queue_oldest_wait"]
+            assert set(waits) == set(st["queues"]) >= {"gpu", "*"}, st["queues"]
+            assert waits["gpu"] > 0 and waits["*"] > 0, waits
+            text = await console.run_command("status")
+            header = next(line for line in text.splitlines() if "target blocks" in line)
+            assert "│ ready │ oldest wait │" in header.replace("┃", "│"), header
+            row = next(line for line in text.splitlines() if line.startswith("│ gpu "))
+            assert row.split("│")[6].strip() not in ("", "-"), row
+
+            opened.set()
+            assert await running == 1 and await anywhere == 3
+            stuck.cancel()
+
+
+def test_status_shows_each_pools_oldest_wait_from_the_status() -> None:
+    """The pools table's `oldest wait`: the status reply's ``queue_oldest_wait`` of the
+    pool (what /metrics' ``corral_queue_oldest_wait_seconds`` says), a dash where no
+    task is ready."""
+    from tests.helpers import status_text
+
+    text = status_text({
+        "workers": [{"worker_id": "g1", "pool": "gpu", "cores": 1},
+                    {"worker_id": "c1", "pool": "cpu", "cores": 1}],
+        "queues": {"gpu": 6, "*": 2},
+        "queue_oldest_wait": {"gpu": 46.08, "*": 0.5},
+    })  # fmt: skip
+    rows = {line.split("│")[1].strip(): line.split("│") for line in text.splitlines()
+            if line.startswith("│ ") and len(line.split("│")) == 11}  # fmt: skip
+    assert rows["gpu"][5].strip() == "6" and rows["gpu"][6].strip() == "46.08 s", text
+    assert rows["(any pool)"][6].strip() == "500.0 ms", text
+    assert rows["cpu"][5].strip() == "0" and rows["cpu"][6].strip() == "-", text
 
 
 # ----------------------------------------------------------------------------- policies
