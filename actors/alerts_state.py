@@ -971,6 +971,21 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         },
     },
     {
+        # a hung task with no timeout= said nothing anywhere (user audit failures, 6)
+        "name": "CorralTaskRunningLong",
+        "expr": "corral_task_longest_running_seconds > 3600",
+        "for": "5m",
+        "labels": {"team": "corral", "priority": "P3"},
+        "annotations": {
+            "summary": "A task of pool {{ $labels.pool }} has run over an hour",
+            "description": "A try on a worker of pool {{ $labels.pool }} has executed for "
+            "{{ $value }} s: it may hang (a deadlock, a read that never returns). The "
+            "console's tasks --state processing lists the running tasks and their workers. "
+            "Give such tasks a timeout= to have them failed (TaskTimeout) and retried; if "
+            "tasks run this long on purpose, raise the threshold or remove the rule.",
+        },
+    },
+    {
         "name": "CorralNoWorkers",
         "expr": '(corral_queue_depth{pool!="*"} > 0 and sum by (pool) (corral_workers) == 0)'
         ' or (corral_queue_depth{pool="*"} > 0 and corral_workers_connected == 0)',

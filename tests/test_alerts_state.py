@@ -1704,3 +1704,29 @@ def test_the_stuck_and_stalled_rules_name_blocks_kept_for_outputs() -> None:
             "a kept block (its outputs are computed again)."
         )
     )
+
+
+def test_a_task_running_over_an_hour_fires_the_running_long_rule() -> None:
+    """User audit (failures, 6): a hung task with no ``timeout=`` got no signal
+    anywhere, though ``corral_task_longest_running_seconds`` grew. The default
+    ``CorralTaskRunningLong`` goes pending past an hour and fires five minutes later,
+    naming the pool; a try that ends before then says nothing. A virtual clock, one
+    evaluation a minute."""
+    (r,) = default_rules("CorralTaskRunningLong")
+
+    def run(longest: Callable[[float], float]) -> list[Notify]:
+        st, told = AlertState([r]), []
+        for t in range(0, 2 * 3600, 60):
+            pools = {"default": {"longest_running": longest(float(t)), "running": 1}}
+            told += only(st.handle(Evaluate(float(t), snap(pools))), Notify)
+        return told
+
+    hung = run(lambda t: t)  # began at 0, never ends
+    states = [(n.alert.state, n.alert.labels["pool"], n.alert.active_since) for n in hung]
+    assert states == [("pending", "default", 3660.0), ("firing", "default", 3660.0)]
+    fired = hung[1].alert
+    assert fired.annotations["summary"] == "A task of pool default has run over an hour"
+    assert "3960 s" in fired.annotations["description"]
+    assert "timeout=" in fired.annotations["description"]
+    ended = run(lambda t: t if t < 3720 else 0.0)  # ended within the `for`
+    assert "firing" not in [n.alert.state for n in ended]
