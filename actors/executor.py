@@ -1807,7 +1807,7 @@ class ProcessExecutor(BaseExecutor):
         ended = self._ended(slot, 1.0)
         now, last = time.time(), slot.idle_rss
         code = self._stop_child(slot, graceful=False)
-        error = TaskProcessDied(key, pid, code) if ended else failure
+        error = TaskProcessDied(key, pid, code, self.name) if ended else failure
         self._start_child(slot)
         return TaskResult(key, "error", start, now, 0, last, error, rss_before=last)
 

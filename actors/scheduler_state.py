@@ -1028,6 +1028,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         cause; ``error``: an :class:`ErrorRecord`, for a dependency's failure the
         root's; ``dependency``, ``root``: the dependency whose failure it inherited and
         the task that failed first, or None),
+        ``("verdict", key, error)`` per task this core fails with an error of its own
+        after a failed try, before its ``erred`` transition (``error``: an
+        :class:`ErrorRecord` of :class:`~runtime.errors.TaskCrashedWorkers`,
+        ``WorkerLost``, ``RetryPolicyLoop``, ...: what its client gets, not the try's),
         ``("retry", key, charged, pool, moved)`` per retry decided, after the ``try``
         record of the try it follows (``charged``: it spent the task's ``retries=``
         budget, else a free retry; ``pool``: the task's pool then; ``moved``: the pool
@@ -1688,7 +1692,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             else:
                 free = self._after_failure(ts, "worker-lost", ev.cause, None, ws.id, loss)
             groups = self.free_groups if free and ev.cause in BENIGN_LOSSES else None
-            self._group(ts, "worker-lost", ev.cause, None, ws.id, groups)  # what followed
+            # What followed; erred, its group says why (TaskCrashedWorkers, WorkerLost).
+            verdict = ts.error if ts.state == "erred" else None
+            self._group(ts, "worker-lost", ev.cause, verdict, ws.id, groups)
         ws.processing.clear()
         ws.waiting.clear()
         ws.began.clear()
@@ -3302,6 +3308,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
             if outcome == "disk-full":
                 self.disk_full_failed += 1
+        if err is not error and self.feed_on:  # this core's verdict, not its try's error
+            self._records.append(("verdict", ts.key, error_record(err)))
         self._fail(ts, err)
         return False
 

@@ -16,6 +16,7 @@ import difflib
 import re
 import signal
 import subprocess
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -805,9 +806,10 @@ class TaskNotLoadable(CorralError):
 
 
 class TaskProcessDied(CorralError):
-    """The task process running a task ended before the task did (process mode)."""
+    """The task process running a task ended before the task did (process mode), on
+    worker ``worker`` ("" when not known)."""
 
-    def __init__(self, key: Hashable, pid: int, exitcode: int | None) -> None:
+    def __init__(self, key: Hashable, pid: int, exitcode: int | None, worker: str = "") -> None:
         how = "unknown exit" if exitcode is None else describe_exit(exitcode)
         hint = (
             " (a SIGKILL from outside Corral is most often the kernel's out-of-memory killer)"
@@ -815,13 +817,15 @@ class TaskProcessDied(CorralError):
             else ""
         )
         super().__init__(
-            f"task {key!r} did not finish: its task process (pid {pid}) died, {how}{hint}. "
+            f"task {key!r} did not finish: its task process (pid {pid}"
+            f"{f' on worker {worker!r}' if worker else ''}) died, {how}{hint}. "
             "The task or a library it calls ended the process (a crash in compiled code, "
             "os._exit, running out of memory); check the task's memory use and native "
             "code. The worker is fine and runs its next task in a new process.",
             key=key,
             pid=pid,
             exitcode=exitcode,
+            worker=worker,
         )
 
 
@@ -1041,7 +1045,16 @@ class TaskCrashedWorkers(WorkerLost):
     named (docs/policies.md, retry)."""
 
     def __init__(self, key: str, crashes: Sequence[tuple[str, str]]) -> None:
-        took = "; ".join(f"{w!r} ({c})" for w, c in crashes)
+        # A worker restarted under its name (a supervisor loop) ends again: one entry
+        # saying how many of its lives ended so, not the name repeated.
+        times = Counter(crashes)
+        took = "; ".join(
+            f"{w!r} ({c})" if n == 1 else f"{w!r} ({c}, {n} times: {n} lives of it)"
+            for (w, c), n in times.items()
+        )
+        lives = (
+            " (each life of a worker restarted under its name)" if len(times) < len(crashes) else ""
+        )
         silent = ""
         if crashes and all(c == "unknown" for _, c in crashes):
             silent = (
@@ -1056,7 +1069,7 @@ class TaskCrashedWorkers(WorkerLost):
         CorralError.__init__(
             self,
             f"task {key!r} was running, or may have been, on {len(crashes)} workers that "
-            f"ended unexpectedly: {took}. It may be what kills them (os._exit, a crash in "
+            f"ended unexpectedly{lives}: {took}. It may be what kills them (os._exit, a crash in "
             "compiled code, memory outside the worker's fences), so it is not retried on "
             "another (tries that surely waited in a worker's queue do not count). Run it "
             "alone to see, run workers with execution 'process' to contain it, or, if the "

@@ -1498,6 +1498,10 @@ class MonitorRecorder(Actor):
                         )
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "verdict":  # the scheduler's, after the try: its client's
+                    _, key, record = rec
+                    etype, emsg, _ = _text(record)
+                    self._failed[key] = f"{etype}: {emsg}"
                 elif kind == "retry":  # after its try's row
                     _, key, charged, _, moved = rec
                     rows.add("event", _RETRY, ("charged" if charged else "free",

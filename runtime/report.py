@@ -868,11 +868,14 @@ class _Run:
         them, the latest try or task of each found by ``max()``; of the
         :data:`MAX_FAILURE_GROUPS_SHOWN` latest groups, their latest row is read (its
         key, worker, error and traceback; for a task not run, the traceback of the
-        latest failed try of the task that failed first). Returns the groups."""
+        latest failed try of the task that failed first; for tries lost with their
+        worker whose latest task then erred, that task's ``tasks.error``, the error its
+        client got, such as ``TaskCrashedWorkers``). Returns the groups."""
         from actors.scheduler_records import NOT_RUN  # (its import: not for --list)
 
         tries = _table(conn, "tries", rid)
         tb = "traceback" if "traceback" in _columns(conn, "tries") else "NULL"
+        verdicts = "error" in _columns(conn, "tasks")  # (schema version 5 on)
         # (SQLite takes the bare rowid from the row of the group's max(): its latest)
         # per group, of how many tasks its tries were and how many of those erred (the
         # state they ended in: the others finished after a retry, or were not done)
@@ -913,6 +916,13 @@ class _Run:
                     "WHERE rowid = ?", (row,),
                 ).fetchone()  # fmt: skip
                 error = f"{etype}: {emsg}" if etype and emsg else etype or emsg or ""
+                if outcome == "worker-lost" and verdicts:  # its task erred after it: what
+                    # its client got (TaskCrashedWorkers), not the loss
+                    verdict = conn.execute(
+                        "SELECT error FROM tasks WHERE run_id = ? AND key = ? AND state = "
+                        "'erred'", (*rid, key),
+                    ).fetchone()  # fmt: skip
+                    error = verdict[0] if verdict is not None and verdict[0] else error
             else:
                 key, error, root = conn.execute(
                     "SELECT key, error, root FROM tasks WHERE rowid = ?", (row,)

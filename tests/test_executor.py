@@ -322,6 +322,8 @@ async def test_a_task_process_that_dies_fails_its_task_and_is_replaced(
         error = result.error
         assert isinstance(error, TaskProcessDied)
         assert says in str(error)
+        # which worker (user audit failures, 9: the text named only the pid)
+        assert error.worker == "w1" and f"(pid {error.pid} on worker 'w1') died" in str(error)
         assert error.exitcode == (arg if func is os._exit else -arg)
         result, (pid, _) = await delivered.get("next")
         assert result.outcome == "ok", result.error

@@ -347,3 +347,38 @@ def test_a_run_of_many_tries_draws_them_merged_and_says_so(
     each = _timeline(run)
     assert "(the latest 30 of 126 tries)" in each.layout.title.text
     assert each.layout.barmode == "overlay"  # (a worker's threads side by side overlap)
+
+
+def test_a_poison_task_s_group_says_the_error_its_client_got(tmp_path: Path) -> None:
+    """User audit (failures, 9): the report's "Why tasks failed" said the last try's
+    'worker w2 was lost (crash)' for a poison task; it says the task's error, the
+    TaskCrashedWorkers its client got, as the dashboard's group does. A group of lost
+    tries whose task was retried and finished keeps the loss."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    verdict = "TaskCrashedWorkers: task 'segv-0' was running ... 'w2' (crash, 2 times: ...)"
+    lost = "worker w2 was lost (crash) with 'segv-0' sent to it"
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO runs (run_id, started) VALUES ('r', 100.0)")
+    conn.executemany(
+        "INSERT INTO tasks (run_id, key, category, finished, state, tries, error) "
+        "VALUES ('r', ?, ?, 110, ?, ?, ?)",
+        [("segv-0", "segv", "erred", 3, verdict), ("ok-0", "ok", "memory", 2, None)],
+    )
+    for key, n, worker, outcome, at in [
+        ("segv-0", 1, "w1", "worker-lost", 101.0), ("segv-0", 2, "w2", "worker-lost", 102.0),
+        ("segv-0", 3, "w2", "worker-lost", 109.0), ("ok-0", 1, "w1", "worker-lost", 101.0),
+        ("ok-0", 2, "w2", "ok", 105.0),
+    ]:  # fmt: skip
+        message = None if outcome == "ok" else lost.replace("segv-0", key).replace("w2", worker)
+        conn.execute(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, ended, outcome, "
+            "cause, error_message) VALUES ('r', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, n, key.split("-")[0], worker, at - 1, at, outcome,
+             None if outcome == "ok" else "crash", message),
+        )  # fmt: skip
+    conn.commit()
+    conn.close()
+    groups = {g[0]: g for g in _run(db, "r").why_failed}
+    assert groups["segv"][:7] == ("segv", "crash", "worker-lost", 3, "segv-0", "w2", verdict)
+    assert groups["ok"][6] == "worker w1 was lost (crash) with 'ok-0' sent to it"

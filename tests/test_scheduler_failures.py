@@ -13,6 +13,7 @@ validates after each step. Graphs come from :func:`tests.helpers.graph`, a
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -754,6 +755,44 @@ def test_a_task_running_on_three_workers_that_crashed_is_a_suspect(make_state: F
     silent = TaskCrashedWorkers("a", [("w0", "unknown"), ("w1", "unknown")])
     assert "holds Python's GIL for long" in str(silent) and "--worker-timeout" in str(silent)
     assert "Cluster(worker_timeout=SECONDS)" in str(silent)
+
+
+def test_a_poison_task_s_verdict_is_what_the_dashboard_and_the_database_say(
+    make_state: Factory,
+) -> None:
+    """User audit (failures, 9): the client got TaskCrashedWorkers, but the monitoring
+    database's tasks.error and the dashboard's group said only the last try's 'worker
+    w2 was lost (crash)'. The core's feed says the verdict (before the erred
+    transition), the group of the last try shows it, and the recorder writes it as the
+    task's error; a worker restarted under its name is named once, with its lives."""
+    from actors.scheduler import _failure_groups
+    from runtime.messages import MonitorFeedReply
+    from runtime.monitordb import MonitorRecorder, _Rows
+
+    s = make_state(monitor=True)
+    submit(s, {"segv": []}, ["segv"])
+    for wid in ("w1", "w2", "w2"):
+        join(s, wid)
+        cmds = leave(s, wid, cause="crash")
+    (ke,) = of(cmds, KeyErred)
+    assert isinstance(ke.error, TaskCrashedWorkers)
+    said = str(ke.error)
+    assert "on 3 workers that ended unexpectedly (each life of a worker restarted" in said
+    assert "'w1' (crash); 'w2' (crash, 2 times: 2 lives of it)." in said
+    entries, _, _ = s.feed_since(0, 1000)
+    feed = [r for _, rs in entries for r in rs if r[1] == "segv"]
+    records = [r for r in feed if r[0] != "state" or r[2] == "erred"]
+    assert [r[0] for r in records][-3:] == ["try", "verdict", "state"]
+    assert records[-2][2].summary == f"TaskCrashedWorkers: {said}"
+    (group,) = [g for g in _failure_groups(s, 0.0) if g.cause == "crash"]
+    assert (group.key, group.worker, group.n, group.erred) == ("segv", "w2", 3, 1)
+    assert group.error == f"TaskCrashedWorkers: {said}"
+
+    writer: Any = SimpleNamespace(path="x", ender=None)
+    recorder = MonitorRecorder(writer, lambda: None, lambda: None, lambda: None)  # type: ignore[arg-type,return-value]
+    recorder._events(_Rows(), MonitorFeedReply(events=tuple(entries)))
+    row = recorder._tasks["segv"]
+    assert (row[6], row[13]) == ("erred", f"TaskCrashedWorkers: {said}")
 
 
 def test_drained_preempted_and_walltime_losses_make_no_suspect(make_state: Factory) -> None:
