@@ -54,6 +54,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeysReused,
     KeyTaken,
+    OutputUnreadable,
     PlacementStallBegan,
     PlacementStallEnded,
     PolicyChanged,
@@ -141,6 +142,7 @@ from runtime.messages import (
     MonitorFeed,
     MonitorFeedReply,
     OperatorCancel,
+    OutputUnpicklable,
     PolicyInfo,
     PolicyNote,
     PolicyQuery,
@@ -866,6 +868,11 @@ class Scheduler(Actor):
             self._handle(
                 TaskCheckpointed(*self._ev(), msg.worker_id, msg.key, msg.seq, msg.nbytes, msg.data)
             )
+
+    @handles(OutputUnpicklable)
+    def output_unpicklable(self, msg: OutputUnpicklable) -> None:
+        ev = OutputUnreadable(*self._ev(), msg.worker_id, msg.key, msg.reason, msg.to)
+        self._handle(ev)
 
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "KeyTaken",
     "KeysReleased",
     "KeysReused",
+    "OutputUnreadable",
     "PlacementStallBegan",
     "PlacementStallEnded",
     "PolicyChanged",
@@ -357,6 +358,20 @@ class TaskCheckpointed(Event):
     seq: int
     nbytes: int
     data: bytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputUnreadable(Event):
+    """``worker`` holds task ``key``'s output but cannot pickle it (``reason``), so it
+    could not go to ``to``, which got :class:`~runtime.errors.ResultNotPicklable`. The
+    core counts it as a failed try of the task (outcome ``error``, cause
+    ``ResultNotPicklable``): its failure group and the monitoring feed say it; the task
+    stays as it ended (its output stays usable on that worker)."""
+
+    worker: str
+    key: Key
+    reason: str
+    to: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -235,6 +235,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeysReused,
     KeyTaken,
+    OutputUnreadable,
     PolicyChanged,
     PolicyFailed,
     PolicyNoted,
@@ -311,6 +312,7 @@ from runtime.errors import (
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
+    ResultNotPicklable,
     RetryPolicyLoop,
     TaskCrashedWorkers,
     TaskLongerThanWalltime,
@@ -1032,6 +1034,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         after a failed try, before its ``erred`` transition (``error``: an
         :class:`ErrorRecord` of :class:`~runtime.errors.TaskCrashedWorkers`,
         ``WorkerLost``, ``RetryPolicyLoop``, ...: what its client gets, not the try's),
+        ``("unreadable", key, category, worker, error)`` per task whose output
+        ``worker`` could not pickle for a client or another worker
+        (:class:`OutputUnreadable`; ``error``: the ErrorRecord of its
+        ``ResultNotPicklable``),
         ``("retry", key, charged, pool, moved)`` per retry decided, after the ``try``
         record of the try it follows (``charged``: it spent the task's ``retries=``
         budget, else a free retry; ``pool``: the task's pool then; ``moved``: the pool
@@ -4688,6 +4694,28 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         holder = ws.id if ws.id in cp.holders else min(cp.holders)
         return (cp.seq, None, holder, cp.nbytes)
 
+    def _output_unreadable(self, ev: OutputUnreadable) -> None:
+        """A worker could not pickle task ``ev.key``'s output for a client's gather or
+        another worker's task (user audit failures, 7: the task read as a success
+        everywhere but that worker's log). Its try ended ok and the output stays, but
+        what asked for it failed: counted as a failed try of the task (outcome
+        ``error``, cause ``ResultNotPicklable``) in its failure group, its story and the
+        feed (the database's try and task), once while the task is in that group (a
+        second gather of it is the same failure)."""
+        ts = self.tasks.get(ev.key)
+        if ts is None:
+            return
+        cause = "ResultNotPicklable"
+        group = self.failure_groups.get((ts.spec.category, cause))
+        if group is not None and ts.failed_in is not None and group in ts.failed_in:
+            return
+        error = ResultNotPicklable(str(ev.key), ev.reason, ev.worker, ev.to)
+        record = error_record(error)
+        self._failed_try(ts, "error", cause, error, ev.worker, record)
+        self._log(ts.key, "unreadable", f"{cause}: its output on {ev.worker} does not pickle")
+        if self.feed_on:
+            self._records.append(("unreadable", ts.key, ts.spec.category, ev.worker, record))
+
     def _checkpoint_saved(self, ev: TaskCheckpointed) -> None:
         ts = self.tasks.get(ev.key)
         cps = self.checkpoints.get(ev.key, [])
@@ -5732,6 +5760,7 @@ _DISPATCH: dict[type, Any] = {
     PolicyNoted: SchedulerState._policy_noted,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,
+    OutputUnreadable: SchedulerState._output_unreadable,
     CheckpointCopied: SchedulerState._checkpoint_copied,
     Tick: SchedulerState._tick,
 }

@@ -101,6 +101,7 @@ from runtime.messages import (
     GetData,
     Leaving,
     Message,
+    OutputUnpicklable,
     ReadStream,
     RegisterWorker,
     RunCall,
@@ -1733,6 +1734,8 @@ class Worker(Actor):
             self.log.warning(
                 "output cannot be pickled to leave this worker", key=str(key), error=exc.reason
             )
+            # The scheduler records it as the task's failure (it never asked for this).
+            self.scheduler.post(OutputUnpicklable(self.worker_id, key, exc.reason, to))
             raise ResultNotPicklable(str(key), exc.reason, self.worker_id, to) from None
         sizes = tuple(store.nbytes(k) for k in data)
         return DataReply(data, tuple(missing), msg.raw, tuple(streams), sizes)

@@ -462,6 +462,20 @@ class CheckpointSaved(Message):
 
 
 @message(local=True)
+class OutputUnpicklable(Message):
+    """Worker -> scheduler: the output of task ``key``, held here, cannot be pickled
+    (``reason``: what pickling it raised), so it could not leave for ``to`` (a client
+    through the manager, another worker's task): what asked for it got
+    :class:`~runtime.errors.ResultNotPicklable`. The scheduler records it as the task's
+    failure (its try ended ok, the output stays)."""
+
+    worker_id: str
+    key: Any
+    reason: str
+    to: str
+
+
+@message(local=True)
 class FetchCheckpoint(Message):
     """Scheduler -> worker (an ask): copy checkpoint ``seq`` of task ``key``
     (``nbytes``) from worker ``holder`` to your disk and keep it until told to drop it;

@@ -1091,6 +1091,13 @@ _TRY = (
     "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
     "?15, ?16, ?17)"
 )
+#: a try that ended ok whose output its worker could not pickle for a client or
+#: another worker (ResultNotPicklable): its latest ok try there becomes a failure
+_UNREADABLE = (
+    "UPDATE tries SET outcome = 'error', cause = ?1, error_type = ?2, error_message = ?3, "
+    "traceback = ?4 WHERE run_id = ?5 AND key = ?6 AND try = (SELECT MAX(try) FROM tries "
+    "WHERE run_id = ?5 AND key = ?6 AND worker = ?7 AND outcome = 'ok')"
+)
 #: a worker's life begins (its first join, or one after it left: a requeued block's
 #: worker comes back under its id), or it joins again within one (a reconnect)
 _WORKER_JOINED = (
@@ -1498,6 +1505,15 @@ class MonitorRecorder(Actor):
                         )
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "unreadable":  # its ok try's output could not leave it
+                    _, key, category, worker, record = rec
+                    k = _safe(str(key))
+                    t = task(k, category, at)
+                    etype, emsg, tb = _text(record)
+                    # (no tasks.cause: that is why a task that erred with no try of
+                    # its own did; the try's row carries the cause)
+                    t[13] = f"{etype}: {emsg}"
+                    rows.add("event", _UNREADABLE, (etype, etype, emsg, tb, run, k, worker))
                 elif kind == "verdict":  # the scheduler's, after the try: its client's
                     _, key, record = rec
                     etype, emsg, _ = _text(record)

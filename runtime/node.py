@@ -120,6 +120,7 @@ from runtime.messages import (
     Message,
     MetricsReply,
     MetricsRequest,
+    OutputUnpicklable,
     PolicyQuery,
     ReadStream,
     RegisterWorker,
@@ -1737,6 +1738,7 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
                 Leaving,
                 Evacuated,
                 CheckpointSaved,
+                OutputUnpicklable,
             }
         ),
     }

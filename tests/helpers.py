@@ -66,6 +66,7 @@ from runtime.cli_processes import Cli
 from runtime.graph import Key, Task, TaskRef, build_specs
 from runtime.kernel import Actor, handles
 from runtime.messages import (
+    OutputUnpicklable,
     RegisterWorker,
     StatusRequest,
     TasksDone,
@@ -307,6 +308,11 @@ class SchedulerRecorder(Actor):
     def memory(self, msg: WorkerMemoryReport) -> None:
         self.messages.append(msg)
         self.reports.append(msg)
+        self._wake()
+
+    @handles(OutputUnpicklable)
+    def unpicklable(self, msg: OutputUnpicklable) -> None:
+        self.messages.append(msg)
         self._wake()
 
     async def until(self, condition: Callable[[], Any]) -> None:

@@ -30,7 +30,7 @@ from runtime import Cluster
 from runtime.errors import DependencyFailed, ResultNotPicklable
 from runtime.graph import Task, TaskRef
 from runtime.kernel import Actor, ActorSystem, handles
-from runtime.messages import DataReply, GetData, RunTasks
+from runtime.messages import DataReply, GetData, OutputUnpicklable, RunTasks
 from tests.helpers import Cli, SchedulerRecorder
 
 pytestmark = pytest.mark.anyio
@@ -108,6 +108,17 @@ async def test_the_holder_names_the_output_that_does_not_pickle(tmp_path: Path) 
             with pytest.raises(ResultNotPicklable) as info:  # a remote client's gather
                 await refs["w1"].ask(GetData(("conn-0",), raw=True))
             assert info.value.key == "conn-0" and "client" in info.value.to
+
+            # The scheduler is told each time, to record the task's failure (user
+            # audit failures, 7: it never heard of it).
+            def told() -> list[Any]:
+                return [m for m in sched.messages if isinstance(m, OutputUnpicklable)]
+
+            await sched.until(lambda: len(told()) == 2)
+            assert told() == [
+                OutputUnpicklable("w1", "conn-0", err.reason, "another process"),
+                OutputUnpicklable("w1", "conn-0", err.reason, "a client (through the manager)"),
+            ]
             # Both stay: the output is the task's, fine where it is.
             reply: DataReply = await refs["w1"].ask(GetData(("data-0", "conn-0")))
             assert reply.data["data-0"] == 2 and not reply.missing
