@@ -92,10 +92,10 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, ClassVar, Final, Literal, cast
+from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 
 import psutil
 from dask.sizeof import sizeof
@@ -465,19 +465,37 @@ class ProgramTree:
         self.kept.close()
 
 
-def _run_node(node: Any, inputs: Any) -> Any:
-    """Run a task's node on its inputs; an ``async def`` task's coroutine is run to its
-    end here, in the task's own thread or process, on an event loop of its own (as
-    dask's workers await one)."""
-    return _awaited(node(inputs))
+#: told, from the loop a task's coroutine runs on, the loop and the asyncio task that
+#: runs it (:func:`_awaited`): a cancel of the try can then cancel it there
+Started: TypeAlias = "Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None]"
 
 
-def _awaited(value: Any) -> Any:
-    """``value``, or, a coroutine, what it returns, run to its end here on an event
-    loop of its own (the calling thread's: a task's, or ``Cluster.run``'s)."""
+def _run_node(node: Any, inputs: Any, started: Started | None = None) -> Any:
+    """Run a task's node on its inputs; an ``async def`` task's coroutine is run here,
+    in the task's own thread or process, on an event loop of its own (as dask's
+    workers await one), to its end or until it is cancelled (``started``)."""
+    return _awaited(node(inputs), started)
+
+
+def _awaited(value: Any, started: Started | None = None) -> Any:
+    """``value``, or, a coroutine, what it returns, run here on an event loop of its
+    own (the calling thread's: a task's, or ``Cluster.run``'s). ``started`` is called
+    on that loop, before the coroutine runs, with the loop and the asyncio task that
+    runs it: cancelled there (``loop.call_soon_threadsafe(task.cancel)``), the
+    coroutine gets ``asyncio.CancelledError`` at the await it waits in, which this
+    raises once it ends."""
     if inspect.iscoroutine(value):
-        value = asyncio.run(value)
+        value = asyncio.run(value if started is None else _told(value, started))
     return value
+
+
+async def _told(coro: Coroutine[Any, Any, Any], started: Started) -> Any:
+    """Await ``coro`` in the task :func:`asyncio.run` made, which ``started`` is told of
+    first."""
+    task = asyncio.current_task()
+    assert task is not None
+    started(asyncio.get_running_loop(), task)
+    return await coro
 
 
 def run_call(call: Any, name: str, worker: str) -> RunOutcome:
@@ -770,12 +788,15 @@ class BaseExecutor(abc.ABC):
         """Kill running task ``key``; whether it was. Threads cannot be: always False."""
         return False
 
-    def cancel(self, key: Key) -> None:
+    def cancel(self, key: Key) -> bool:
         """Cancel ``key``: a queued task is reported ``cancelled`` without running; a
         running one frees its slot at once where the mode can (see each mode), its
-        try reported ``cancelled``."""
+        try reported ``cancelled``. True when a running ``async def`` task's coroutine
+        was cancelled on its event loop (thread execution, where nothing else can be
+        stopped); False otherwise."""
         with self._lock:
             self._cancelled.add(key)
+        return False
 
     def settled(self, keys: Iterable[Key]) -> None:
         """The worker has these keys' tries back: a cancel of one that came after its
@@ -922,6 +943,9 @@ class Executor(BaseExecutor):
     result and serves the queue again; ``held`` counts such threads, which the worker
     reports so that the scheduler sends no task for their slots. When an abandoned
     thread ends, a held one is abandoned in its place and its slot goes to a fresh thread.
+    An ``async def`` task's coroutine is cancelled on its event loop as well
+    (:meth:`cancel`): it stops at the await it waits in, and its thread, abandoned or
+    held, ends or serves the queue again soon after.
     """
 
     killable = False
@@ -951,6 +975,11 @@ class Executor(BaseExecutor):
         self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
         #: threads whose task was cancelled past ``max_abandoned``: they keep their slot
         self._held: set[threading.Thread] = set()
+        #: thread -> the event loop and asyncio task of the ``async def`` task's
+        #: coroutine it runs now (:meth:`_started`), which a cancel cancels there
+        self._coroutines: dict[
+            threading.Thread, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]
+        ] = {}
         #: the worker's programs started from these threads (``children_rss``)
         self._tree = ProgramTree(os.getpid())
         self._threads = [
@@ -959,12 +988,16 @@ class Executor(BaseExecutor):
         for t in self._threads:
             t.start()
 
-    def cancel(self, key: Key) -> None:
+    def cancel(self, key: Key) -> bool:
+        """As :meth:`BaseExecutor.cancel`; a running ``async def`` task's coroutine is
+        cancelled on its event loop too (``asyncio.CancelledError`` at the await it waits
+        in), so it stops there and its thread ends (or, held, gets its slot back); its
+        try is reported ``cancelled`` with ``stopping``. True when it was."""
         with self._lock:
             thread = self._running.get(key)
             if thread is None or thread in self._abandoned or self._closed:
                 self._cancelled.add(key)  # queued (or past replacing): skipped or dropped
-                return
+                return False
             del self._running[key]
             self._began.pop(key, None)
             fresh = None
@@ -972,10 +1005,30 @@ class Executor(BaseExecutor):
                 self._held.add(thread)  # no room for another thread: it keeps its slot
             else:
                 fresh = self._replace(thread)
+            # (one not on its loop yet is cancelled as it gets there: _started)
+            coroutine = self._coroutines.pop(thread, None)
         if fresh is not None:
             fresh.start()
+        if coroutine is not None:
+            loop, task = coroutine
+            with contextlib.suppress(RuntimeError):  # its loop closed: it ended meanwhile
+                loop.call_soon_threadsafe(task.cancel)
         now = time.time()
-        self._push([(TaskResult(key, "cancelled", now, now), None)])
+        stopping = coroutine is not None
+        self._push([(TaskResult(key, "cancelled", now, now, stopping=stopping), None)])
+        return stopping
+
+    def _started(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        """From a task's thread, on the loop its coroutine is about to run on (the
+        ``started`` of :func:`_run_node`): kept, for a cancel to cancel it there; one
+        whose try was cancelled already (its thread abandoned or held) is cancelled
+        now, before it runs."""
+        me = threading.current_thread()
+        with self._lock:
+            if me not in self._abandoned and me not in self._held:
+                self._coroutines[me] = (loop, task)
+                return
+        task.cancel()
 
     def _replace(self, thread: threading.Thread) -> threading.Thread:
         """Abandon ``thread``: a fresh thread (returned, to start) takes its slot. Under
@@ -1136,11 +1189,14 @@ class Executor(BaseExecutor):
                     node = task.node
                     if isinstance(node, PickledNode):
                         node = _load_node(task.key, node.payload, "the worker process")
-                    value = files.finish(_run_node(node, inputs))  # a File is measured here
+                    value = files.finish(_run_node(node, inputs, self._started))
                 except BaseException as exc:  # measured before its files are removed
                     with contextlib.suppress(Exception):
                         full = out_of_disk(exc, self.sandbox, files.directory, files.started)
                     raise
+                finally:
+                    with self._lock:
+                        self._coroutines.pop(threading.current_thread(), None)
         except BaseException as exc:
             stop = time.time()
             if full is not None:
@@ -1583,12 +1639,14 @@ class ProcessExecutor(BaseExecutor):
                     return True
         return False
 
-    def cancel(self, key: Key) -> None:
+    def cancel(self, key: Key) -> bool:
         """A running task's process is killed (its try ``cancelled``; the slot gets a
-        fresh process); a queued one is skipped."""
+        fresh process), an ``async def`` task's coroutine with it; a queued one is
+        skipped. False: nothing is cancelled on an event loop."""
         if not self.kill(key, "cancelled"):
             with self._lock:
                 self._cancelled.add(key)
+        return False
 
     def running(self) -> dict[Key, int]:
         """Keys running now (not killed) -> pid of the task process running each."""

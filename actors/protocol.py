@@ -91,6 +91,10 @@ class TaskResult:
     #: process while the task ran, the task's own memory without the worker's (its
     #: stored outputs, inputs on their way); 0: not known (thread execution)
     own_rss: int = 0
+    #: a ``cancelled`` try of an ``async def`` task in thread execution whose coroutine
+    #: was cancelled on its event loop: it stops at its next await, where a thread
+    #: alone could only be given up (a timed-out one's ``TaskTimeout`` says so)
+    stopping: bool = False
 
 
 class FileFact(NamedTuple):

@@ -285,6 +285,20 @@ START_SETTLE = 10.0
 #: the warning a worker logs when its memory at start is at or past its resume mark
 FLOOR_AT_START = "the worker's memory at start is past its resume mark"
 DISK_FULL_AT_START = "the worker's output directory has no room on its file system"
+#: a cancelled try whose thread could be neither stopped nor abandoned (as many are
+#: abandoned already as the worker has threads): a sync call's, and an ``async def``
+#: task's, whose coroutine was cancelled
+HELD_THREAD = (
+    "a running task could not be stopped: its thread cannot be abandoned (as many are "
+    "already as this worker has threads); its try ends now, but the thread keeps its "
+    "slot, and takes no task, until the call returns. Run tasks that may hang with "
+    "execution 'process'"
+)
+HELD_COROUTINE = (
+    "a running async task's coroutine was cancelled; its thread cannot be abandoned (as "
+    "many are already as this worker has threads), so it keeps its slot, and takes no "
+    "task, until the coroutine ends at the await it waits in"
+)
 
 #: seconds a peer's ask for a checkpoint not measured yet waits for its sha256 before the
 #: answer says "measuring" (the asker then asks again: a large file is not read within
@@ -688,15 +702,15 @@ class Worker(Actor):
     def _cancel_running(self, key: Key) -> None:
         assert self.executor is not None
         before = self.executor.abandoned
-        self.executor.cancel(key)
+        coroutine = self.executor.cancel(key)
         if self.executor.abandoned != before:
             self._report()  # the scheduler's status shows the abandoned thread
         elif self.executor.held != self.state.threads_held:  # no room for another
-            self.log.warning(
-                "a running task could not be stopped: its thread cannot be abandoned (as "
-                "many are already as this worker has threads); its try ends now, but the "
-                "thread keeps its slot, and takes no task, until the call returns. Run "
-                "tasks that may hang with execution 'process'",
+            # A coroutine was cancelled: it ends at its next await (info); a sync
+            # call runs on until it returns (warning).
+            log = self.log.info if coroutine else self.log.warning
+            log(
+                HELD_COROUTINE if coroutine else HELD_THREAD,
                 key=str(key),
                 abandoned=self.executor.abandoned,
                 held=self.executor.held,

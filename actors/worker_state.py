@@ -672,7 +672,12 @@ class WorkerState:
                     if outcome == "cancelled" and task is not None and task.timeout:
                         outcome = "timeout"
                         timeout_error = TaskTimeout(
-                            key, self.worker_id, task.timeout, ran, stopped=self.killable
+                            key,
+                            self.worker_id,
+                            task.timeout,
+                            ran,
+                            stopped=self.killable,
+                            coroutine=res.stopping,  # cancelled on its loop (thread execution)
                         )
                     # else it ended by itself (or was killed for memory) first: as it ended
                 elif outcome != "error":

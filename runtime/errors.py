@@ -892,14 +892,28 @@ class TaskTimeout(CorralError):
     ``timeout``: the task's setting (seconds); ``ran``: how long the try had executed
     when it was stopped (from when it began on the worker, not its wait in a queue);
     ``stopped``: whether it was really stopped (process execution: its task process
-    was killed with the programs it started), or only given up (thread execution: a
-    thread cannot be stopped, so the call runs on, with any program it started, until
-    it returns, while a fresh thread takes the slot)."""
+    was killed with the programs it started; an ``async def`` task in thread
+    execution: its coroutine was cancelled, ``coroutine``), or only given up (thread
+    execution: a thread cannot be stopped, so the call runs on, with any program it
+    started, until it returns, while a fresh thread takes the slot)."""
 
     def __init__(
-        self, key: Hashable, worker: str, timeout: float, ran: float, stopped: bool = True
+        self,
+        key: Hashable,
+        worker: str,
+        timeout: float,
+        ran: float,
+        stopped: bool = True,
+        coroutine: bool = False,
     ) -> None:
-        if stopped:
+        if coroutine:
+            what = (
+                "and was stopped there: its coroutine (an async def task, run in a thread) "
+                "was cancelled, asyncio.CancelledError raised at the await it waited in (a "
+                "coroutine that catches it and goes on, or that runs long without an await, "
+                "runs on until it returns, its result dropped)."
+            )
+        elif stopped:
             what = "and was stopped there (its task process killed, with the programs it started)."
         else:
             what = (
@@ -919,7 +933,8 @@ class TaskTimeout(CorralError):
             worker=worker,
             timeout=timeout,
             ran=ran,
-            stopped=stopped,
+            stopped=stopped or coroutine,
+            coroutine=coroutine,
         )
 
 

@@ -664,6 +664,25 @@ def test_a_try_past_its_timeout_is_stopped_and_reported_timeout() -> None:
     assert s.active == () and s.timed_out == {} and s.cancelled == set()
 
 
+def test_a_timed_out_coroutine_cancelled_on_its_loop_is_reported_stopped() -> None:
+    """A thread worker's (not killable) ``async def`` task past its timeout: the
+    executor cancelled its coroutine on its event loop (``stopping``), so its
+    TaskTimeout says it was stopped, and how; a sync task's try is only given up."""
+    for stopping in (True, False):
+        s = state()
+        feed(s, TasksAssigned(0.0, (timed("a", 1.0),)))
+        feed(s, MemorySampled(0.1, 100, executing=("a",), executed=(("a", 0.1),)))
+        assert feed(s, TimerFired(1.1))[0] == CancelRunning("a")
+        end = TaskResult("a", "cancelled", 1.2, 1.2, stopping=stopping)
+        (report, _) = feed(s, TasksFinished(1.2, ((end, None),)))
+        (res,) = report.results
+        assert res.outcome == "timeout" and isinstance(res.error, TaskTimeout)
+        assert (res.error.stopped, res.error.coroutine) == (stopping, stopping)
+        text = str(res.error)
+        assert ("asyncio.CancelledError raised at the await" in text) is stopping
+        assert ("given up there, but not stopped" in text) is not stopping
+
+
 def test_a_stopped_try_whose_thread_is_held_is_reported_and_its_slot_told_busy() -> None:
     """The executor could not give up the thread of a try stopped at its timeout (as
     many abandoned as the worker has): it reports the try at once all the same, and
