@@ -523,19 +523,22 @@ class _KeyWatch:
 
 
 class _Waiter:
-    """One ``wait_all`` call: how many keys it still waits for, the first that failed."""
+    """One ``wait_all`` call: how many keys it still waits for, the first that failed
+    (``every``: a failure ends no wait, as ``ClientActor.cancel_told`` waits)."""
 
-    __slots__ = ("event", "failed", "pending")
+    __slots__ = ("event", "every", "failed", "pending")
 
-    def __init__(self) -> None:
+    def __init__(self, every: bool = False) -> None:
         self.pending = 0
+        self.every = every
         self.failed: Key | None = None
         self.event = anyio.Event()
 
     def settle(self, key: Key, ok: bool) -> None:
         if not ok and self.failed is None:
             self.failed = key
-            self.event.set()
+            if not self.every:
+                self.event.set()
         self.pending -= 1
         if self.pending == 0:
             self.event.set()
@@ -961,6 +964,25 @@ class ClientActor(Actor):
         if waiter.pending:
             await waiter.event.wait()
         return waiter.failed
+
+    async def cancel_told(self, request: _Cancel) -> None:
+        """Wait until this client's futures of the keys ``request`` asked to cancel have
+        the cancel's word (or whatever word came first: the task finished, failed, or
+        its futures were released), as the manager's answer to it left them: a key the
+        scheduler cancels is told ``KeyCancelled`` soon after that answer, on its way
+        through the manager. A key let go or submitted again since the cancel was asked
+        is not waited for (that submission decides its word), nor one told already. The
+        words come or the client stops (its ``on_stop`` and a lost manager fail every
+        key still pending)."""
+        waiter = _Waiter(every=True)
+        for key, wants in zip(request.keys, request.wants, strict=True):
+            w = self.watches.get(key)
+            if w is None or w.left or w.wants != wants or w.update is not None:
+                continue
+            waiter.pending += 1
+            self.waiters.setdefault(key, []).append(waiter)
+        if waiter.pending:
+            await waiter.event.wait()
 
     @handles(_Regather)
     def regather(self, msg: _Regather) -> anyio.Event | None:
@@ -3328,14 +3350,16 @@ class Cluster:
     # -- control ---------------------------------------------------------------------
 
     async def cancel(self, futures: Sequence[Future] | Future) -> None:
-        """Cancel tasks; their futures raise :class:`~runtime.errors.CancelledError`."""
+        """Cancel tasks; their futures raise :class:`~runtime.errors.CancelledError`.
+        Returns once those futures show it (``status`` ``"cancelled"``, ``done()``), or
+        show how their task ended first."""
         self._require()
         keys = self._keys_of([futures] if isinstance(futures, Future) else futures, "cancel")
         if keys:
             client = self._client_actor
-            await client.ref.ask(
-                client.cancel_request(keys, "cancelled by request", told=False), timeout=None
-            )
+            request = client.cancel_request(keys, "cancelled by request", told=False)
+            await client.ref.ask(request, timeout=None)
+            await client.cancel_told(request)
 
     async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
         """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
