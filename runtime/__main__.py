@@ -951,6 +951,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         if monitoring is not None:
             print(f"monitoring database: {monitoring}", flush=True)
             print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
+            print(f"  {_history_kept(args.monitoring_keep)}", flush=True)
         if monitoring is not None and keep is not None and not args.monitoring:
             # a run directory per start: the ended ones older than the history kept go
             from runtime.monitordb import prune_runs
@@ -983,6 +984,18 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         backend="asyncio",
     )  # fmt: skip
     return 0
+
+
+def _history_kept(keep: str | None) -> str:
+    """The manager's third start line about its monitoring database: how much history
+    it keeps (``--monitoring-keep``, as given), and, keeping all of it, that it grows
+    for as long as the manager runs and how to bound it."""
+    if keep is not None:
+        return f"history kept: {keep} (older rows deleted every 10 minutes)"
+    return (
+        "history kept: all of it (about 0.5 KB a task, for as long as the manager runs); "
+        "--monitoring-keep DURATION, e.g. 7d, bounds it"
+    )
 
 
 #: the manager's flags of each setting its configuration shows (``manager.KEY``,

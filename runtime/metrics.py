@@ -22,6 +22,8 @@ are not in :data:`SAMPLE_LABELS`).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
@@ -48,10 +50,12 @@ from runtime.messages import (
 __all__ = [
     "READ_ROLES",
     "SAMPLE_LABELS",
+    "ManagerCollector",
     "NotifierCollector",
     "NotifierCounts",
     "RefusalCollector",
     "SnapshotCollector",
+    "WriterCounts",
     "metrics_route",
     "notes",
     "render",
@@ -455,6 +459,51 @@ class RefusalCollector(Collector):
         for reason, n in sorted(self.counts().items()):
             refused.add_metric([reason], n)
         yield refused
+
+
+class WriterCounts(Protocol):
+    """What :class:`ManagerCollector` reads of the monitoring database's writer:
+    ``runtime.monitordb.MonitorWriter`` (not imported: a sibling of this layer)."""
+
+    @property
+    def path(self) -> os.PathLike[str]: ...
+    @property
+    def dropped(self) -> Mapping[str, int]: ...
+
+
+def _file_bytes(path: os.PathLike[str]) -> int:
+    """The bytes on disk of the SQLite file at ``path`` and of its ``-wal`` (one
+    ``os.stat`` each; a file not there counts 0)."""
+    total = 0
+    for name in (os.fspath(path), os.fspath(path) + "-wal"):
+        with contextlib.suppress(OSError):
+            total += os.stat(name).st_size
+    return total
+
+
+class ManagerCollector(Collector):
+    """The manager process's own health, read at each scrape: while it writes a
+    monitoring database (``writer()`` not None), the database's bytes on disk and the
+    rows its writer dropped."""
+
+    def __init__(self, writer: Callable[[], WriterCounts | None]) -> None:
+        self.writer = writer
+
+    def collect(self) -> Iterator[Metric]:
+        w = self.writer()
+        if w is None:  # no monitoring database
+            return
+        yield GaugeMetricFamily(
+            "corral_monitoring_db_bytes",
+            "Bytes on disk of the monitoring database (the file and its -wal).",
+            value=_file_bytes(w.path),
+        )
+        yield CounterMetricFamily(
+            "corral_monitoring_rows_dropped",
+            "Rows the monitoring database's writer dropped (a backlog past its bound, "
+            "rows SQLite refused): runs.dropped_rows.",
+            value=sum(dict(w.dropped).values()),  # (a copy: the writer's thread adds)
+        )
 
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]

@@ -726,12 +726,18 @@ async def gateway_routes(
     with the collectors of the notifications to Alertmanager and of the refusals of
     the listener appended to ``listening`` once it listens."""
     from runtime.dashboard import DashboardFeed, dashboard_routes
-    from runtime.metrics import NotifierCollector, RefusalCollector, metrics_route
+    from runtime.metrics import (
+        ManagerCollector,
+        NotifierCollector,
+        RefusalCollector,
+        metrics_route,
+    )
 
     ams = _alertmanagers(plane)  # corral_notifications_*
     extra = [
         NotifierCollector(lambda: ams),
         RefusalCollector(lambda: getattr(listening[0], "refused_by", {}) if listening else {}),
+        ManagerCollector(lambda: plane.recorder.writer if plane.recorder is not None else None),
     ]
 
     async def fetch() -> MetricsReply:

@@ -8,6 +8,7 @@ import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -57,6 +58,7 @@ from runtime.messages import (
 )
 from runtime.metrics import (
     SAMPLE_LABELS,
+    ManagerCollector,
     RefusalCollector,
     SnapshotCollector,
     render,
@@ -1381,7 +1383,12 @@ def test_a_busy_autoscaler_leaves_the_block_alerts_as_they_are() -> None:
 def test_the_docs_list_every_metric_by_its_sample_name() -> None:
     text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
     listed = set(re.findall(r"^\| `(corral_\w+)` \| (?:gauge|counter|summary) \|", text, re.M))
-    collectors = (SnapshotCollector(MetricsReply()), RefusalCollector(dict))
+    writer = SimpleNamespace(path=Path("no such file"), dropped={})
+    collectors = (
+        SnapshotCollector(MetricsReply()),
+        RefusalCollector(dict),
+        ManagerCollector(lambda: writer),
+    )
     families = {
         f.name + ("_total" if f.type == "counter" else "") for c in collectors for f in c.collect()
     }
