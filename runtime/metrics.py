@@ -17,7 +17,9 @@ notifiers (``runtime/notify.py``, handed in by ``runtime/node.py``) at scrape ti
 ``corral_notifications_*`` series, named after Prometheus' own
 ``prometheus_notifications_*``, which say whether alerts reach Alertmanager
 (docs/monitoring.md, "Notifiers and Alertmanager"). Alert rules do not read them (they
-are not in :data:`SAMPLE_LABELS`).
+are not in :data:`SAMPLE_LABELS`). :class:`ManagerCollector` shows the manager process's
+own health (its loop's lag, its monitoring database's size, backlog and drops), beside
+``prometheus_client``'s ``process_*`` series (``runtime/node.py`` adds both).
 """
 
 from __future__ import annotations
@@ -469,6 +471,8 @@ class WriterCounts(Protocol):
     def path(self) -> os.PathLike[str]: ...
     @property
     def dropped(self) -> Mapping[str, int]: ...
+    @property
+    def pending(self) -> int: ...
 
 
 def _file_bytes(path: os.PathLike[str]) -> int:
@@ -482,14 +486,25 @@ def _file_bytes(path: os.PathLike[str]) -> int:
 
 
 class ManagerCollector(Collector):
-    """The manager process's own health, read at each scrape: while it writes a
-    monitoring database (``writer()`` not None), the database's bytes on disk and the
-    rows its writer dropped."""
+    """The manager process's own health, read at each scrape: the lateness of its event
+    loop (``loop_lag()``: the most seconds its ticker woke late lately) and, while it
+    writes a monitoring database (``writer()`` not None), the database's bytes on disk,
+    the rows queued for it and the rows dropped. (The process's RSS, CPU and open
+    files are ``prometheus_client``'s ``process_*`` series, beside these.)"""
 
-    def __init__(self, writer: Callable[[], WriterCounts | None]) -> None:
+    def __init__(
+        self, loop_lag: Callable[[], float], writer: Callable[[], WriterCounts | None]
+    ) -> None:
+        self.loop_lag = loop_lag
         self.writer = writer
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "corral_manager_loop_lag_seconds",
+            "The most seconds the manager's event loop ran late in the last minute (a "
+            "ticker every 0.1 s measures how late it wakes).",
+            value=self.loop_lag(),
+        )
         w = self.writer()
         if w is None:  # no monitoring database
             return
@@ -497,6 +512,11 @@ class ManagerCollector(Collector):
             "corral_monitoring_db_bytes",
             "Bytes on disk of the monitoring database (the file and its -wal).",
             value=_file_bytes(w.path),
+        )
+        yield GaugeMetricFamily(
+            "corral_monitoring_rows_pending",
+            "Rows queued for the monitoring database, not written yet (its writer's backlog).",
+            value=w.pending,
         )
         yield CounterMetricFamily(
             "corral_monitoring_rows_dropped",

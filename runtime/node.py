@@ -32,6 +32,7 @@ docs/security.md describes the roles, tokens and trust for users.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -233,6 +234,11 @@ PROBE_TIMEOUT = 1.0
 STALLED_TRY = 300.0
 #: How many of its loop's stalls a gateway keeps for an embedded Cluster's next call
 STALLS_KEPT = 10
+#: Seconds between the ticks of a gateway's loop watch (:meth:`Gateway.watch_loop`):
+#: how late each wakes is its loop's lag, a stall longer than this seen to within it
+LOOP_TICK = 0.1
+#: Seconds over which ``corral_manager_loop_lag_seconds`` is the most lag seen
+LOOP_LAG_WINDOW = 60.0
 #: Why a worker started by a local process provider waits for a manager that does not
 #: answer rather than give up after its window (``the manager does not answer; waiting
 #: for it``)
@@ -377,6 +383,35 @@ def _seconds(value: object, name: str, what: str, default: float) -> float:
 # ----------------------------------------------------------------------------- control plane
 
 
+class LoopLag:
+    """The most an event loop's ticker woke late over the latest ``window`` seconds
+    (``corral_manager_loop_lag_seconds``): :meth:`note` at each tick, :meth:`recent`
+    at a scrape; time as data. It keeps only the ticks that may still be the most (a
+    tick later and later-woken drops those before it): 600 at most, at 10 ticks a
+    second over a minute."""
+
+    def __init__(self, window: float = LOOP_LAG_WINDOW) -> None:
+        self.window = window
+        self._seen: collections.deque[tuple[float, float]] = collections.deque()
+
+    def note(self, now: float, late: float) -> None:
+        """The ticker woke ``late`` seconds after it was due, at ``now``."""
+        late = max(0.0, late)
+        while self._seen and self._seen[-1][1] <= late:
+            self._seen.pop()
+        self._seen.append((now, late))
+        self._forget(now)
+
+    def recent(self, now: float) -> float:
+        """The most seconds late of the ticks of the latest ``window`` (0.0: none)."""
+        self._forget(now)
+        return self._seen[0][1] if self._seen else 0.0
+
+    def _forget(self, now: float) -> None:
+        while self._seen and self._seen[0][0] <= now - self.window:
+            self._seen.popleft()
+
+
 @dataclasses.dataclass
 class ControlPlane:
     """The control actors of one cluster and how to find any actor by name."""
@@ -398,6 +433,8 @@ class ControlPlane:
     #: the gateway's ``event loop blocked`` records not yet told to the program that
     #: embeds the cluster (its next call tells them: :meth:`Gateway.watch_loop`)
     stalls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: how late the gateway's loop watch woke lately (``corral_manager_loop_lag_seconds``)
+    loop_lag: LoopLag = dataclasses.field(default_factory=LoopLag)
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -725,6 +762,8 @@ async def gateway_routes(
     here as a service of the plane's system) for a websocket gateway of ``plane``,
     with the collectors of the notifications to Alertmanager and of the refusals of
     the listener appended to ``listening`` once it listens."""
+    from prometheus_client import ProcessCollector
+
     from runtime.dashboard import DashboardFeed, dashboard_routes
     from runtime.metrics import (
         ManagerCollector,
@@ -737,7 +776,11 @@ async def gateway_routes(
     extra = [
         NotifierCollector(lambda: ams),
         RefusalCollector(lambda: getattr(listening[0], "refused_by", {}) if listening else {}),
-        ManagerCollector(lambda: plane.recorder.writer if plane.recorder is not None else None),
+        ManagerCollector(
+            lambda: plane.loop_lag.recent(anyio.current_time()),
+            lambda: plane.recorder.writer if plane.recorder is not None else None,
+        ),
+        ProcessCollector(registry=None),  # process_resident_memory_bytes, ...
     ]
 
     async def fetch() -> MetricsReply:
@@ -2069,13 +2112,16 @@ class Gateway:
         ``runtime.get``; a long garbage collection; the process stopped): its workers
         heard nothing meanwhile. The record is written when the loop runs again, and
         kept in the plane's ``stalls`` (the latest :data:`STALLS_KEPT`) for an embedded
-        ``Cluster`` to log again at its next call (:meth:`stall_record`)."""
+        ``Cluster`` to log again at its next call (:meth:`stall_record`). Every tick
+        (:data:`LOOP_TICK`) notes how late it woke in the plane's ``loop_lag``
+        (``corral_manager_loop_lag_seconds``)."""
         task_status.started()
-        tick = self.heartbeat / 2
         while True:
-            due = anyio.current_time() + tick
-            await anyio.sleep(tick)
-            late = anyio.current_time() - due
+            due = anyio.current_time() + LOOP_TICK
+            await anyio.sleep(LOOP_TICK)
+            now = anyio.current_time()
+            late = now - due
+            self.plane.loop_lag.note(now, late)
             if late >= LOOP_BLOCKED_WARN:
                 record = self.stall_record(late)
                 _log.warning("event loop blocked", **record)

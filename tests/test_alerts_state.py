@@ -1383,11 +1383,11 @@ def test_a_busy_autoscaler_leaves_the_block_alerts_as_they_are() -> None:
 def test_the_docs_list_every_metric_by_its_sample_name() -> None:
     text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
     listed = set(re.findall(r"^\| `(corral_\w+)` \| (?:gauge|counter|summary) \|", text, re.M))
-    writer = SimpleNamespace(path=Path("no such file"), dropped={})
+    writer = SimpleNamespace(path=Path("no such file"), dropped={}, pending=0)
     collectors = (
         SnapshotCollector(MetricsReply()),
         RefusalCollector(dict),
-        ManagerCollector(lambda: writer),
+        ManagerCollector(lambda: 0.0, lambda: writer),
     )
     families = {
         f.name + ("_total" if f.type == "counter" else "") for c in collectors for f in c.collect()
