@@ -1226,8 +1226,10 @@ class Scheduler(Actor):
             out["failure_groups_total"] = len(st.failure_groups) + len(st.not_run_groups)
             out["free_groups"] = _failure_groups(st, now, free=True)
             out["free_groups_total"] = len(st.free_groups)
+            first = st.tries_ended - len(st.recent_tries) + 1  # the oldest one's number
             out["recent_tries"] = tuple(
-                _recent_try(r, category, now - at) for r, category, at in st.recent_tries
+                _recent_try(r, category, now - at, first + i)
+                for i, (r, category, at) in enumerate(st.recent_tries)
             )
         return out
 
@@ -1546,9 +1548,11 @@ def _failure_groups(
     return tuple(out)
 
 
-def _recent_try(r: TryRecord, category: str, ago: float) -> RecentTry:
+def _recent_try(r: TryRecord, category: str, ago: float, n: int) -> RecentTry:
     duration = r.ran if r.ran is not None else max(r.stop - r.start, 0.0)
-    return RecentTry(r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "")
+    return RecentTry(
+        r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "", n
+    )
 
 
 def _replicas(st: SchedulerState) -> ReplicasStatus:

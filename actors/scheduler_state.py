@@ -752,6 +752,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._inherited: tuple[TaskState, BaseException, str, str, ErrorRecord] | None = None
         #: the latest tries that ended: (record, category, core time it ended)
         self.recent_tries: deque[tuple[TryRecord, str, float]] = deque(maxlen=RECENT_TRIES)
+        #: the tries that ended, ever: the latest of recent_tries is the tries_ended-th
+        self.tries_ended = 0
         #: temporary replicas (docs/files.md#replicas): per output in memory, the
         #: workers holding a replica made for it; replicas made, their bytes, copies that
         #: failed, and losses of a holder after which only replicas kept the output
@@ -1088,6 +1090,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         :meth:`_failed_try`."""
         ts.tries.append(rec)
         self.recent_tries.append((rec, ts.spec.category, self._now))
+        self.tries_ended += 1
         if not self.feed_on:
             return None
         record = error_record(error) if error is not None else None

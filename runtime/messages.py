@@ -1016,7 +1016,8 @@ class FailureGroupInfo(Message):
 class RecentTry(Message):
     """A try that ended: its task ``key`` and ``category``, the ``worker``, how it ended
     (``outcome``, and ``cause`` for a lost worker), how long it ran and how many seconds
-    ago it ended (``ago``)."""
+    ago it ended (``ago``), and its number among the tries that ended (``n``, from 1: the
+    dashboard's feed sends a page only the tries after those it sent)."""
 
     key: str
     category: str
@@ -1025,6 +1026,7 @@ class RecentTry(Message):
     duration: float
     ago: float
     cause: str = ""
+    n: int = 0
 
 
 @message()

@@ -1016,3 +1016,91 @@ async def test_a_page_opened_after_a_burst_shows_it_on_the_line(
             label = browser.find_element("css selector", "#depth-spark text").text
     assert peak > 0 and int(top) >= peak, (peak, label)
     assert label == f"queue depth, last 2 min (max {top})"
+
+
+SOAK_PORTS = (64000, 64499)  #: the ports the next test listens on
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_after_its_first_snapshot_a_page_gets_only_the_tries_new_since_the_last(
+    tmp_path: Path,
+) -> None:
+    """A user audit (soak): the feed sent the last 300 tries whole every second, most
+    of each message (40-55 KB at 20 tasks a second). A page's first snapshot has the
+    whole stream; each later one only the tries that ended since (``stream_new``),
+    numbered on (``n``), none twice; the page keeps the list."""
+    port = free_port_between(*SOAK_PORTS)
+    wport = free_port_between(*SOAK_PORTS)
+    while wport == port:
+        wport = free_port_between(*SOAK_PORTS)
+    with Cli(tmp_path / "home") as cli:
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
+        cli.worker(address, "--cores", "1", "--port-range", f"{wport}-{wport}")
+        base, read = _base(address), cli.tokens(address)["read"]
+        with anyio.fail_after(40):
+            async with Cluster(address) as c, _session() as s:
+                assert await c.gather(c.map(square, range(5))) == [0, 1, 4, 9, 16]
+                async with s.get(f"{base}/", params={"token": read}) as r:
+                    assert r.status == 200
+                ws = await s.ws_connect(base + FEED_PATH)
+                try:
+                    first = await ws.receive_json()
+                    assert "stream_new" not in first
+                    assert [t["n"] for t in first["stream"]] == [1, 2, 3, 4, 5]
+                    assert await c.gather(c.map(square, range(10, 13))) == [100, 121, 144]
+                    new: list[dict[str, Any]] = []
+                    while len(new) < 3:
+                        snap = await ws.receive_json()
+                        assert snap["stream_new"] is True, snap
+                        new += snap["stream"]
+                    assert [t["n"] for t in new] == [6, 7, 8]
+                    assert all(t["key"].startswith("square-") for t in new), new
+                    quiet = await ws.receive_json()  # nothing ended since: no try sent
+                    assert (quiet["stream"], quiet["stream_new"]) == ([], True)
+                finally:
+                    await ws.close()
+
+
+def test_chromium_keeps_the_tries_of_each_snapshot_for_a_minute(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The page keeps the stream's tries: those of a whole snapshot (a page's first),
+    plus those new in each later one (``stream_new``), each drawn for 60 s from its end;
+    a whole snapshot (after a reconnect) replaces them."""
+    port = free_port_between(*SOAK_PORTS)
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page = Dashboard(browser)
+        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+        metrics, status, alerts = _answers()
+
+        def snap(now: float, *tries: tuple[int, float], new: bool = True) -> dict[str, Any]:
+            ended = tuple(RecentTry(f"inc-{n}", "inc", "w1", "ok", 0.5, ago, "", n)
+                          for n, ago in tries)  # fmt: skip
+            got = build_snapshot(dataclasses.replace(metrics, recent_tries=ended), status,
+                                 alerts, now=now)  # fmt: skip
+            return {**got, "stream_new": True} if new else got
+
+        shown = browser.execute_script(
+            "return arguments[0].map(s => { render(s); return [...document."
+            "querySelectorAll('rect.try title')].map(t => t.textContent.split(' ')[0]); });",
+            [
+                snap(1000.0, (1, 5.0), (2, 3.0), new=False),  # ended at 995 and 997
+                snap(1001.0, (3, 0.5)),
+                snap(1002.0),  # none new
+                snap(1056.0),  # 995 is 61 s ago
+                snap(1100.0, (9, 1.0), new=False),
+            ],
+        )
+    assert shown == [
+        ["inc-1", "inc-2"],
+        ["inc-1", "inc-2", "inc-3"],
+        ["inc-1", "inc-2", "inc-3"],
+        ["inc-2", "inc-3"],
+        ["inc-9"],
+    ]
