@@ -53,7 +53,8 @@ holds and no other leaving holder's plan copies (``_to_evacuate``: several worke
 stopped together copy an output they all hold once); one that goes without a planned
 copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
 to a worker whose memory limit less its memory now has room for it, or, one that
-spills with disk room for it, whose memory has room for it to land (``_has_room``).
+spills with disk room for it, whose memory has room for it to land under its throttle
+fence (``_has_room``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -5683,12 +5684,15 @@ def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int
     fence at its next memory sample, least recently used first: the outputs it holds
     (``held``, often on disk already) do not stay in its memory (a review: survivors
     near their throttle fence in a memory-heavy run had a drained worker's large
-    outputs computed again rather than copied). A file output (on disk) and a worker
-    with no limit always have room."""
+    outputs computed again rather than copied). They land under its throttle fence (its
+    limit if it has not told one): landing up to the limit took it past that fence and
+    its terminate fence, where a worker killed loses every output it holds (review
+    1207a). A file output (on disk) and a worker with no limit always have room."""
     if ts.file or not ws.memory or max(ws.rss, held) + added + ts.nbytes <= ws.memory:
         return True
     landing = coming + added + ts.nbytes
-    return ws.spills and ws.disk_free() >= landing and ws.rss + landing <= ws.memory
+    fence = ws.throttle_at or ws.memory
+    return ws.spills and ws.disk_free() >= landing and ws.rss + landing <= fence
 
 
 def _cores_held(ws: WorkerState) -> int:

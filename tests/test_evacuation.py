@@ -132,9 +132,10 @@ def test_a_drained_workers_output_goes_only_where_the_memory_left_takes_it(
 
 
 def spiller(s: Any, worker: str, *, spills: bool, disk: int, rss: int, held: int) -> None:
-    """``worker`` joins (its memory 1000 bytes, ``disk`` bytes of disk; its spill fence
-    on or not) and holds a wanted output of ``held`` bytes, which it wrote to disk
-    (its disk use says so) and is at ``rss`` of its memory."""
+    """``worker`` joins (its memory 1000 bytes, its throttle fence at 700, ``disk``
+    bytes of disk; its spill fence on or not) and holds a wanted output of ``held``
+    bytes, which it wrote to disk (its disk use says so) and is at ``rss`` of its
+    memory."""
     run(s, event(WorkerJoined, worker=worker, cores=1, memory=1000, disk=disk, spills=spills))
     key = f"held-{worker}"
     submit(s, {key: []}, [key])
@@ -153,15 +154,22 @@ def made_on(s: Any, worker: str, key: str, pool: str = "default") -> None:
 
 
 SURVIVORS = [
-    # b spills, its outputs on disk: the copy lands beside its RSS (500 + 300), and goes
+    # b spills, its outputs on disk: the copy lands beside its RSS (350 + 300), and goes
     # to disk at its next sample; its outputs' 900 bytes (the old rule's) do not count
-    pytest.param(True, 10_000, 500, True, id="spills-disk-room"),
+    pytest.param(True, 10_000, 350, True, id="spills-disk-room"),
+    # it lands at b's throttle fence (400 + 300 = 700), not past it
+    pytest.param(True, 10_000, 400, True, id="spills-lands-at-throttle-fence"),
+    # it would land past b's throttle fence, at its terminate fence (650 + 300 = 950 of
+    # 1000): refused (the limit was the bound: a worker killed there loses all it holds)
+    pytest.param(True, 10_000, 650, False, id="spills-past-throttle-fence"),
     # the same worker with its spill fence off keeps the copy in memory: old rule
     pytest.param(False, 10_000, 500, False, id="spill-off"),
     # spilling, but no disk room for the copy: its 1000 bytes of disk hold its 900
     pytest.param(True, 1_000, 500, False, id="spills-no-disk-room"),
     # spilling with disk room, but the copy would not land: 800 + 300 > 1000
     pytest.param(True, 10_000, 800, False, id="spills-no-room-to-land"),
+    # one byte past the throttle fence: 401 + 300 > 700
+    pytest.param(True, 10_000, 401, False, id="spills-a-byte-past-throttle-fence"),
 ]
 
 
@@ -171,10 +179,11 @@ def test_a_drained_workers_output_goes_to_a_survivor_that_spills_it(
 ) -> None:
     """Review F7: a survivor that spills with disk room for the copy takes a drained
     worker's output when its memory has room for the copy to land (its RSS and the
-    copy), however many bytes of outputs it holds (here 900 of its 1000, on disk):
-    the old rule counted those as memory and kept the output on the drained worker.
-    One whose spill fence is off, or whose disk has no room, or whose memory has no
-    room for the copy to land, takes none: the drained worker keeps it."""
+    copy, under its throttle fence, 700), however many bytes of outputs it holds (here
+    900 of its 1000, on disk): the old rule counted those as memory and kept the output
+    on the drained worker. One whose spill fence is off, or whose disk has no room, or
+    whose memory has no room for the copy to land under its throttle fence (review
+    1207a: the bound was its limit), takes none: the drained worker keeps it."""
     s = make_state(saturation=1.0)
     spiller(s, "b", spills=spills, disk=disk, rss=b_rss, held=900)
     made_on(s, "a", "x")
@@ -210,10 +219,11 @@ def test_copies_on_their_way_to_a_spilling_survivor_count_as_landing(
     """A copy lands whole in memory before the worker writes it to disk: the copies on
     their way to a spilling survivor count with its RSS. Two workers drained one after
     the other, each holding a 300-byte output (and at 900 of their 1000, so neither
-    takes the other's): b at 500 of its 1000 takes the first; the second would land
-    beside it (500 + 300 + 300): it stays on its drained worker."""
+    takes the other's): b at 350 of its 1000 takes the first; the second would land
+    beside it (350 + 300 + 300), past b's throttle fence (700): it stays on its drained
+    worker."""
     s = make_state(saturation=1.0)
-    spiller(s, "b", spills=True, disk=10_000, rss=500, held=900)
+    spiller(s, "b", spills=True, disk=10_000, rss=350, held=900)
     for w, key in (("a1", "x1"), ("a2", "x2")):
         made_on(s, w, key, pool=w)
         rss(s, w, 900)
