@@ -52,7 +52,8 @@ leaves copies each needed output it holds, its own or fetched, that no worker th
 holds and no other leaving holder's plan copies (``_to_evacuate``: several workers
 stopped together copy an output they all hold once); one that goes without a planned
 copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
-to a worker whose memory limit less its memory now has room for it, or, one that
+to a worker whose memory limit less its memory now and the copies coming to it (on
+their way, or planned by any leaving worker) has room for it, or, one that
 spills with disk room for it, whose memory has room for it to land under its throttle
 fence (``_has_room``).
 
@@ -2218,14 +2219,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = self._survivors(*going)
         if not targets:
             return ()
-        held = {w.id: sum(t.nbytes for t in w.has_what) for w in targets}
-        added, coming = dict.fromkeys(held, 0), self._coming(targets)
+        held, coming, added = self._room_counts(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
             fits = [w for w in targets if _has_room(w, ts, held[w.id], added[w.id], coming[w.id])]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
-            target = min(fits, key=lambda w: (held[w.id] + added[w.id], w.id))
+            target = min(fits, key=lambda w: (held[w.id] + coming[w.id] + added[w.id], w.id))
             added[target.id] += ts.nbytes
             moves.append((ts.key, target.id, ts.nbytes))
             self.evac_planned.setdefault(target.id, {})[ts.key] = ws.id
@@ -2336,13 +2336,30 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         return {wid: self.held_bytes.get(wid, 0) + n for wid, n in coming.items()}
 
     def _coming(self, workers: list[WorkerState]) -> dict[str, int]:
-        """Per worker of ``workers``, the bytes being copied to it (``copying``)."""
+        """Per worker of ``workers``, the bytes being copied to it (``copying``) and
+        those a leaving worker's plan copies to it (``evac_planned``, until that worker
+        says which copies it made): two workers leaving one after the other plan onto
+        one survivor, the second counting the first's copies."""
         coming = {w.id: 0 for w in workers}
         for copies in self.copying.values():
             for wid, nbytes in copies.items():
                 if wid in coming:
                     coming[wid] += nbytes
+        for wid in coming:
+            for key in self.evac_planned.get(wid, ()):
+                ts = self.tasks.get(key)
+                if ts is not None:
+                    coming[wid] += ts.nbytes
         return coming
+
+    def _room_counts(
+        self, targets: list[WorkerState]
+    ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """What :func:`_has_room` weighs, per worker of ``targets``: the bytes of the
+        outputs it holds, those coming to it (:meth:`_coming`) and those a plan being
+        made adds (0 so far)."""
+        held = {w.id: self.held_bytes.get(w.id, 0) for w in targets}
+        return held, self._coming(targets), dict.fromkeys(held, 0)
 
     def _copy_landing(self, ts: TaskState) -> bool:
         """Whether a copy of ``ts``'s output is on its way to a worker that stays (a
@@ -2390,8 +2407,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
-        held, coming = self._held_and_coming(targets), self._coming(targets)
-        added = dict.fromkeys(held, 0)
+        held, coming, added = self._room_counts(targets)
         planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
             if self.copying.get(ts.key) or ts.key in planned:
@@ -2408,7 +2424,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ]
             if not fits:
                 continue
-            to = min(fits, key=lambda w: (held[w.id] + added[w.id], w.id))
+            to = min(fits, key=lambda w: (held[w.id] + coming[w.id] + added[w.id], w.id))
             added[to.id] += ts.nbytes
             self.copying.setdefault(ts.key, {})[to.id] = ts.nbytes
             self.evacuating.add((ts.key, to.id))
@@ -5673,10 +5689,12 @@ def _takes_new(ws: WorkerState) -> bool:
     return not (ws.draining or ws.suspended) and ws.away is None
 
 
-def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int = 0) -> bool:
+def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int) -> bool:
     """An evacuated copy of ``ts``'s output fits ``ws``: its memory limit less what it
-    holds now (its RSS as last told, or the ``held`` bytes of its outputs if more) and
-    less the ``added`` bytes already planned its way is at least the output's size. Or
+    holds now (its RSS as last told, or the ``held`` bytes of its outputs if more), less
+    the copies on their way to it or planned its way by other leaving workers
+    (``coming``) and less the ``added`` bytes this plan puts there is at least the
+    output's size. Or
     ``ws`` spills (its spill fence is on) and its disk has room for the copy and for
     those on their way to it (``coming``) and planned (``added``): then its memory
     needs room only for them to land, beside its RSS. A copy lands whole in memory (the
@@ -5688,9 +5706,9 @@ def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int
     limit if it has not told one): landing up to the limit took it past that fence and
     its terminate fence, where a worker killed loses every output it holds (review
     1207a). A file output (on disk) and a worker with no limit always have room."""
-    if ts.file or not ws.memory or max(ws.rss, held) + added + ts.nbytes <= ws.memory:
-        return True
     landing = coming + added + ts.nbytes
+    if ts.file or not ws.memory or max(ws.rss, held) + landing <= ws.memory:
+        return True
     fence = ws.throttle_at or ws.memory
     return ws.spills and ws.disk_free() >= landing and ws.rss + landing <= fence
 

@@ -235,6 +235,31 @@ def test_copies_on_their_way_to_a_spilling_survivor_count_as_landing(
     assert of(out, Replicate) == []
 
 
+@pytest.mark.parametrize(("spills", "b_rss", "b_held"), [(True, 350, 900), (False, 500, 100)])
+def test_copies_planned_onto_a_survivor_by_a_worker_that_left_before_count(
+    make_state: Factory, spills: bool, b_rss: int, b_held: int
+) -> None:
+    """Review 1207a F2: two workers of different blocks leave one after the other, each
+    holding a 300-byte needed output (and at 900 of their 1000, so neither takes the
+    other's). Survivor b takes the first's copy (a spilling b at 350 of its 1000 lands
+    it under its throttle fence, 700; one that does not spill, at 500 holding 100 bytes,
+    has room in its memory); the second's would land beside that planned copy (350 +
+    600 past the fence, 500 + 600 past the limit): no copy is planned, and x2 is
+    computed again once a2 goes. Before, the first plan was not counted and both went
+    to b (1100 of its 1000 in the case that does not spill)."""
+    s = make_state(saturation=1.0)
+    spiller(s, "b", spills=spills, disk=10_000, rss=b_rss, held=b_held)
+    for w, key in (("a1", "x1"), ("a2", "x2")):
+        made_on(s, w, key, pool=w)
+        rss(s, w, 900)
+    plans = []
+    for w in ("a1", "a2"):
+        out = run(s, event(WorkerLeaving, worker=w, cause="preempted"))
+        plans += [(p.worker, p.moves) for p in of(out, Evacuate)]
+    assert plans == [("a1", (("x1", "b", 300),)), ("a2", ())]
+    assert s.evac_planned == {"b": {"x1": "a1"}}
+
+
 @pytest.mark.parametrize(("spill", "spills"), [(0.6, True), (None, False)])
 def test_a_worker_says_whether_it_spills_when_it_registers(
     tmp_path: Path, spill: float | None, spills: bool
