@@ -53,9 +53,9 @@ holds and no other leaving holder's plan copies (``_to_evacuate``: several worke
 stopped together copy an output they all hold once); one that goes without a planned
 copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
 to a worker whose memory limit less its memory now and the copies coming to it (on
-their way, or planned by any leaving worker) has room for it, or, one that
-spills with disk room for it, whose memory has room for it to land under its throttle
-fence (``_has_room``).
+their way, or planned by any leaving worker) has room for it, or, one that spills (and
+no spill of it was refused lately) with disk room for it, whose memory has room for it
+to land under its throttle fence (``_has_room``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -2219,10 +2219,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = self._survivors(*going)
         if not targets:
             return ()
-        held, coming, added = self._room_counts(targets)
+        held, coming, added, spills = self._room_counts(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
-            fits = [w for w in targets if _has_room(w, ts, held[w.id], added[w.id], coming[w.id])]
+            fits = [
+                w
+                for w in targets
+                if _has_room(w, ts, held[w.id], added[w.id], coming[w.id], spills[w.id])
+            ]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
             target = min(fits, key=lambda w: (held[w.id] + coming[w.id] + added[w.id], w.id))
@@ -2354,12 +2358,24 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _room_counts(
         self, targets: list[WorkerState]
-    ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    ) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, bool]]:
         """What :func:`_has_room` weighs, per worker of ``targets``: the bytes of the
-        outputs it holds, those coming to it (:meth:`_coming`) and those a plan being
-        made adds (0 so far)."""
+        outputs it holds, those coming to it (:meth:`_coming`), those a plan being made
+        adds (0 so far) and whether it spills now (:meth:`_spills_now`)."""
         held = {w.id: self.held_bytes.get(w.id, 0) for w in targets}
-        return held, self._coming(targets), dict.fromkeys(held, 0)
+        return held, self._coming(targets), dict.fromkeys(held, 0), self._spills_now(targets)
+
+    def _spill_refused_lately(self, ws: WorkerState) -> bool:
+        """``ws`` said a spill found no disk room within ``10 * stall_timeout`` (an
+        older refusal has cleared since)."""
+        recent = 10 * self.config.stall_timeout
+        return bool(ws.spill_refused) and self._now - ws.spill_refused_at <= recent
+
+    def _spills_now(self, workers: list[WorkerState]) -> dict[str, bool]:
+        """Per worker of ``workers``, whether it writes outputs to disk past its spill
+        fence now: its spill fence is on (``spills``) and no spill was refused lately
+        (:meth:`_spill_refused_lately`: what it does not write stays in its memory)."""
+        return {w.id: w.spills and not self._spill_refused_lately(w) for w in workers}
 
     def _copy_landing(self, ts: TaskState) -> bool:
         """Whether a copy of ``ts``'s output is on its way to a worker that stays (a
@@ -2407,7 +2423,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
-        held, coming, added = self._room_counts(targets)
+        held, coming, added, spills = self._room_counts(targets)
         planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
             if self.copying.get(ts.key) or ts.key in planned:
@@ -2420,7 +2436,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 for w in targets
                 if w.id not in failed
                 and w.disk_free() >= ts.nbytes
-                and _has_room(w, ts, held[w.id], added[w.id], coming[w.id])
+                and _has_room(w, ts, held[w.id], added[w.id], coming[w.id], spills[w.id])
             ]
             if not fits:
                 continue
@@ -5293,11 +5309,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         told = [ws.memory_bytes for ws in workers]
         in_memory = None if any(n < 0 for n in told) else sum(told)
         limit = max((ws.memory for ws in workers), default=0)
-        recent = 10 * self.config.stall_timeout  # an older refusal has cleared since
         refused = tuple(
             (ws.id, ws.spill_dir, ws.spill_refused, self._now - ws.spill_refused_at)
             for ws in sorted(workers, key=lambda w: w.id)
-            if ws.spill_refused and self._now - ws.spill_refused_at <= recent
+            if self._spill_refused_lately(ws)
         )
         err = MemoryStalled(
             holding, needed, available, len(producers), stalled_for, rss, in_memory, limit,
@@ -5689,28 +5704,31 @@ def _takes_new(ws: WorkerState) -> bool:
     return not (ws.draining or ws.suspended) and ws.away is None
 
 
-def _has_room(ws: WorkerState, ts: TaskState, held: int, added: int, coming: int) -> bool:
+def _has_room(
+    ws: WorkerState, ts: TaskState, held: int, added: int, coming: int, spills: bool
+) -> bool:
     """An evacuated copy of ``ts``'s output fits ``ws``: its memory limit less what it
     holds now (its RSS as last told, or the ``held`` bytes of its outputs if more), less
     the copies on their way to it or planned its way by other leaving workers
     (``coming``) and less the ``added`` bytes this plan puts there is at least the
-    output's size. Or
-    ``ws`` spills (its spill fence is on) and its disk has room for the copy and for
-    those on their way to it (``coming``) and planned (``added``): then its memory
-    needs room only for them to land, beside its RSS. A copy lands whole in memory (the
-    worker puts it in its store), and the worker writes outputs to disk past its spill
-    fence at its next memory sample, least recently used first: the outputs it holds
-    (``held``, often on disk already) do not stay in its memory (a review: survivors
-    near their throttle fence in a memory-heavy run had a drained worker's large
-    outputs computed again rather than copied). They land under its throttle fence (its
-    limit if it has not told one): landing up to the limit took it past that fence and
-    its terminate fence, where a worker killed loses every output it holds (review
-    1207a). A file output (on disk) and a worker with no limit always have room."""
+    output's size. Or ``ws`` spills now (``spills``: its spill fence is on and no spill
+    was refused lately, :meth:`SchedulerState._spills_now`) and its disk has room for
+    the copy and for ``coming`` and ``added``: then its memory needs room only for them
+    to land beside its RSS, under its throttle fence (its limit if it has not told
+    one). A copy lands whole in memory (the worker puts it in its store), and the worker
+    writes outputs to disk past its spill fence at its next memory sample, least
+    recently used first: the outputs it holds (``held``, often on disk already) do not
+    stay in its memory (a review: survivors near their throttle fence in a memory-heavy
+    run had a drained worker's large outputs computed again rather than copied); under
+    the throttle fence the copy takes the worker past neither it nor its terminate
+    fence (a later review: landing up to the limit passed both, and a worker killed
+    there loses every output it holds). A file output (on disk) and a worker with no
+    limit always have room."""
     landing = coming + added + ts.nbytes
     if ts.file or not ws.memory or max(ws.rss, held) + landing <= ws.memory:
         return True
     fence = ws.throttle_at or ws.memory
-    return ws.spills and ws.disk_free() >= landing and ws.rss + landing <= fence
+    return spills and ws.disk_free() >= landing and ws.rss + landing <= fence
 
 
 def _cores_held(ws: WorkerState) -> int:

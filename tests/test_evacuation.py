@@ -131,18 +131,21 @@ def test_a_drained_workers_output_goes_only_where_the_memory_left_takes_it(
     assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == [("c", "a", (("x", 300),))]
 
 
-def spiller(s: Any, worker: str, *, spills: bool, disk: int, rss: int, held: int) -> None:
+def spiller(
+    s: Any, worker: str, *, spills: bool, disk: int, rss: int, held: int, spill_refused: int = 0
+) -> None:
     """``worker`` joins (its memory 1000 bytes, its throttle fence at 700, ``disk``
     bytes of disk; its spill fence on or not) and holds a wanted output of ``held``
     bytes, which it wrote to disk (its disk use says so) and is at ``rss`` of its
-    memory."""
+    memory; it says ``spill_refused`` spills found no disk room."""
     run(s, event(WorkerJoined, worker=worker, cores=1, memory=1000, disk=disk, spills=spills))
     key = f"held-{worker}"
     submit(s, {key: []}, [key])
     assert s.tasks[key].worker == worker, "the drained or leaving worker took no task"
     finish(s, worker, key, nbytes=held)
     run(s, event(WorkerMemory, worker=worker, throttled=rss >= 700, rss=rss, throttle_at=700,
-                 limit=1000, disk_used=held, memory_bytes=0))  # fmt: skip
+                 limit=1000, disk_used=held, memory_bytes=0, spill_refused=spill_refused,
+                 spill_dir="/spill"))  # fmt: skip
 
 
 def made_on(s: Any, worker: str, key: str, pool: str = "default") -> None:
@@ -258,6 +261,23 @@ def test_copies_planned_onto_a_survivor_by_a_worker_that_left_before_count(
         plans += [(p.worker, p.moves) for p in of(out, Evacuate)]
     assert plans == [("a1", (("x1", "b", 300),)), ("a2", ())]
     assert s.evac_planned == {"b": {"x1": "a1"}}
+
+
+@pytest.mark.parametrize(("stall_timeout", "copied"), [(10.0, False), (0.05, True)])
+def test_a_survivor_whose_spills_were_refused_lately_takes_a_copy_by_the_memory_rule(
+    make_state: Factory, stall_timeout: float, copied: bool
+) -> None:
+    """Review 1207a F3: a survivor that spills but said a spill of it found no disk room
+    (spill_refused) keeps what it cannot write in memory: within ``10 *
+    stall_timeout`` of that (the stall message's "lately") it takes a copy only by the
+    memory rule (here none: it holds 900 of its 1000); once that is long past (a few
+    events on the test's clock of one second each, past 0.5 s), by the spill rule."""
+    s = make_state(saturation=1.0, stall_timeout=stall_timeout)
+    spiller(s, "b", spills=True, disk=10_000, rss=350, held=900, spill_refused=3)
+    made_on(s, "a", "x")
+    out = run(s, event(WorkerDraining, worker="a"))
+    expected = [("b", "a", (("x", 300),))] if copied else []
+    assert [(r.worker, r.source, r.keys) for r in of(out, Replicate)] == expected
 
 
 @pytest.mark.parametrize(("spill", "spills"), [(0.6, True), (None, False)])
