@@ -212,7 +212,11 @@ def needs_module(data: bytes, module: str) -> str | None:
             return f"{pair[0]}.{pair[1]}"
         if importer and inside(value):
             return ""
-        importer = pair == _SUBIMPORT
+        if pair == _SUBIMPORT:
+            # Memoized as itself: cloudpickle fetches it again (a ``BINGET``) for each
+            # further module a function pickled by value uses, which imports too.
+            value = _SUBIMPORT
+        importer = value == _SUBIMPORT
         before, last = last, value
     return None
 

@@ -69,10 +69,20 @@ def test_missing_global_names_the_function_and_the_module(labops: ModuleType) ->
 def test_needs_module_finds_what_a_pickle_loads_from_a_module(labops: ModuleType) -> None:
     namespace: dict[str, object] = {"__name__": "__main__"}  # a script's: pickled by value
     exec(f"import {MODULE}\ndef calls(x):\n    return {MODULE}.double(x)\n", namespace)
+    # More modules, ours second or third: cloudpickle memoizes its subimport for the
+    # first (os) and fetches it from the memo for each later one (review 1207a F4: those
+    # were missed).
+    two = f"def calls_two(x):\n    os.getpid()\n    return {MODULE}.double(x)\n"
+    three = (
+        f"def calls_three(x):\n    os.getpid()\n    json.dumps(x)\n    return {MODULE}.double(x)\n"
+    )
+    exec(f"import os, json, {MODULE}\n{two}{three}", namespace)
     for obj, found in [
         ((labops.double, 21), f"{MODULE}.double"),  # by reference
         ({"f": [labops.triple]}, f"{MODULE}.triple"),
         (namespace["calls"], ""),  # cloudpickle imports the module by its name
+        (namespace["calls_two"], ""),  # ... and ours after another
+        (namespace["calls_three"], ""),  # ... or two others
         ((abs, MODULE, [MODULE, f"{MODULE}.double"]), None),  # strings, not loads
         (importlib.import_module, None),
     ]:
