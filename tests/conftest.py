@@ -31,13 +31,14 @@ def _kept_loggers() -> list[logging.Logger]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol() -> Generator[None, object, object]:
     """Each test leaves the root logger, the ``corral`` logger tree (level, propagate,
-    disabled, handlers) and ``logging.disable`` as it found them. A command line run in
-    this process (``runtime.__main__.main``: ``runtime.log.configure``) gives ``corral``
-    its own handler, a level and no propagation; kept, a later test's ``caplog`` saw
-    nothing of it (CI103). Around the whole test (its setup, call and teardown), not in a
-    fixture: pytest's own capture handlers, added and removed per phase, are not there
-    to be kept or put back. structlog's global configuration is not kept: Corral never
-    sets it (``runtime.log`` passes its processors to each logger)."""
+    disabled, handlers: those it added are taken off and closed) and ``logging.disable``
+    as it found them. A command line run in this process (``runtime.__main__.main``:
+    ``runtime.log.configure``) gives ``corral`` its own handler, a level and no
+    propagation; kept, a later test's ``caplog`` saw nothing of it (CI103). Around the
+    whole test (its setup, call and teardown), not in a fixture: pytest's own capture
+    handlers, added and removed per phase, are not there to be kept or put back.
+    structlog's global configuration is not kept: Corral never sets it (``runtime.log``
+    passes its processors to each logger)."""
     manager = logging.Logger.manager
     kept: dict[logging.Logger, _LoggerState] = {
         logger: (logger.level, logger.propagate, logger.disabled, logger.handlers[:])
@@ -47,13 +48,19 @@ def pytest_runtest_protocol() -> Generator[None, object, object]:
     try:
         return (yield)
     finally:
+        removed: list[logging.Handler] = []
         for logger in _kept_loggers():
             level, propagate, disabled, handlers = kept.get(logger, _NEW)
             if logger.level != level:
                 logger.setLevel(level)  # (clears the loggers' cached levels)
             logger.propagate, logger.disabled = propagate, disabled
             if logger.handlers != handlers:
+                removed += [h for h in logger.handlers if h not in handlers]
                 logger.handlers[:] = handlers
+        # Closed, those the test added (a FileHandler's file), unless a logger keeps them.
+        still = {h for _, _, _, handlers in kept.values() for h in handlers}
+        for handler in dict.fromkeys(h for h in removed if h not in still):
+            handler.close()
         if manager.disable != disable:
             logging.disable(disable)
 
