@@ -19,7 +19,7 @@ import dataclasses
 import gc
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -75,6 +75,7 @@ from runtime.messages import (
     Message,
     MetricsReply,
     MetricsRequest,
+    MoveRequest,
     OperatorCancel,
     PolicyQuery,
     ReadStream,
@@ -677,13 +678,7 @@ class Manager(Actor):
         """Cancel keys given as text (``str(key)``) and/or every key of a run; or what
         ``key_or_run`` names, a run or a key, refused when it names both."""
         keys: dict[Key, None] = {}
-        by_text: dict[str, Key] = {}
-        if msg.keys or msg.key_or_run:
-            for held in self.run_keys.values():
-                for key in held:
-                    by_text[str(key)] = key
-            for key in self.keys:
-                by_text[str(key)] = key
+        by_text = self._keys_by_text() if msg.keys or msg.key_or_run else {}
         run, texts = msg.run, msg.keys
         if msg.key_or_run:
             text = msg.key_or_run
@@ -709,14 +704,7 @@ class Manager(Actor):
                 )
             keys.update(dict.fromkeys(run_keys))
         if texts:
-            unknown = [text for text in texts if text not in by_text]
-            if unknown:
-                raise ValueError(
-                    f"unknown key{'s' if len(unknown) > 1 else ''} "
-                    f"{', '.join(repr(t) for t in unknown[:5])}: give keys as `tasks` shows "
-                    "them, or a run id"
-                )
-            keys.update(dict.fromkeys(by_text[text] for text in texts))
+            keys.update(dict.fromkeys(_keys_of_texts(texts, by_text, ", or a run id")))
         if not keys:
             raise ValueError("nothing to cancel: give keys or a run id")
         reason = f"cancelled from the console ({run})" if run else "cancelled from the console"
@@ -734,6 +722,30 @@ class Manager(Actor):
             return {"run": run, "count": len(named), "to_do": to_do, "keys": named[:20]}
 
         return Later(counted())
+
+    def _keys_by_text(self) -> dict[str, Key]:
+        """The keys the manager knows (its clients' and its runs'), by their text."""
+        by_text: dict[str, Key] = {}
+        for held in self.run_keys.values():
+            for key in held:
+                by_text[str(key)] = key
+        for key in self.keys:
+            by_text[str(key)] = key
+        return by_text
+
+    @handles(MoveRequest)
+    async def move(self, msg: MoveRequest) -> Any:
+        """Move keys (and keys given as text: the console's) to another pool and/or
+        priority: the scheduler moves those still waiting or queued."""
+        keys = tuple(msg.keys)
+        if msg.texts:
+            keys += tuple(_keys_of_texts(msg.texts, self._keys_by_text()))
+        if not keys:
+            raise ValueError("nothing to move: give the keys of tasks (as `tasks` shows them)")
+        answer = await self._scheduler().ask(dataclasses.replace(msg, keys=keys, texts=()))
+        self.log.info("tasks moved", pool=msg.pool, priority=msg.priority,
+                      moved=len(answer["moved"]), left=len(answer["left"]))  # fmt: skip
+        return answer
 
     # -- results ---------------------------------------------------------------------
 
@@ -1096,3 +1108,15 @@ def process_figures() -> dict[str, int]:
         tasks = 0
     return {"pid": os.getpid(), "rss": rss, "threads": threads, "fds": fds,
             "asyncio_tasks": tasks}  # fmt: skip
+
+
+def _keys_of_texts(texts: Iterable[str], by_text: Mapping[str, Key], other: str = "") -> list[Key]:
+    """The keys ``texts`` name (``by_text``: the keys known, by their text); a text no
+    known key has is a ``ValueError`` naming it (``other``: what else may be given)."""
+    unknown = [text for text in texts if text not in by_text]
+    if unknown:
+        raise ValueError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(t) for t in unknown[:5])}: give keys as `tasks` shows them{other}"
+        )
+    return [by_text[text] for text in texts]

@@ -54,6 +54,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeysReused,
     KeyTaken,
+    MoveAnswer,
     OutputUnreadable,
     PlacementStallBegan,
     PlacementStallEnded,
@@ -68,6 +69,7 @@ from actors.scheduler_events import (
     Suspended,
     TaskCheckpointed,
     TasksFinished,
+    TasksMoved,
     TasksRunning,
     Tick,
     WorkerAway,
@@ -103,13 +105,11 @@ from runtime.errors import (
     ActorStopped,
     CorralError,
     UnknownCategory,
-    did_you_mean,
     size_text,
 )
 from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
-    ANY_POOL,
     MAX_FAILURE_GROUPS_SHOWN,
     MAX_LISTING,
     MAX_STORY_KEYS,
@@ -141,6 +141,7 @@ from runtime.messages import (
     MetricsRequest,
     MonitorFeed,
     MonitorFeedReply,
+    MoveRequest,
     OperatorCancel,
     OutputUnpicklable,
     PolicyInfo,
@@ -1351,20 +1352,14 @@ class Scheduler(Actor):
         (``pool_name_problem``), or that the scheduler does not know: not configured,
         no worker's, no task's (a misspelling, most likely: the pools it knows, and the
         closest)."""
-        problem = pool_name_problem(pool)
-        if problem:
+        if pool_name_problem(pool):
             raise ValueError(
-                f"pool {pool!r}: {problem}; name one pool, or leave the pool out for the "
-                "tasks of every pool"
+                f"{self.state.move_refusal(pool)}; name one pool, or leave the pool out for "
+                "the tasks of every pool"
             )
-        st = self.state
-        tasks = (p for p, n in st.pool_tasks.items() if n)
-        known = sorted({*st.config.pools, *st.pools(), *tasks} - {ANY_POOL})
-        if pool not in known:
-            raise ValueError(
-                f"no pool {pool!r}: none is configured, has a worker or a task by that name "
-                f"(pools: {', '.join(known) or 'none'}{did_you_mean(pool, known)})"
-            )
+        refusal = self.state.move_refusal(pool)
+        if refusal:
+            raise ValueError(refusal)
 
     def task_records(
         self,
@@ -1446,6 +1441,39 @@ class Scheduler(Actor):
             self.log.info("draining worker taken back: it takes tasks again",
                           worker=msg.worker, running=len(ws.processing))  # fmt: skip
         return {"worker": msg.worker, "undrained": not why, "why": why}
+
+    @handles(MoveRequest)
+    def move(self, msg: MoveRequest) -> Any:
+        """Move the still waiting or queued tasks of ``msg.keys`` to ``msg.pool`` and/or
+        ``msg.priority`` (``TasksMoved``), once the graphs bringing them are taken in;
+        a pool the core does not know, or a priority that is no whole number:
+        ``ValueError``, nothing moved."""
+        refusal = self.state.move_refusal(msg.pool)
+        if refusal:
+            raise ValueError(f"{refusal}; nothing was moved")
+        if msg.priority is not None and (
+            isinstance(msg.priority, bool) or not isinstance(msg.priority, int)
+        ):
+            raise ValueError(
+                f"priority must be a whole number (higher runs first), got "
+                f"{type(msg.priority).__name__} {msg.priority!r}; nothing was moved"
+            )
+        if msg.pool is None and msg.priority is None:
+            raise ValueError("nothing to change: give a pool, a priority or both")
+
+        def apply(stimulus: str) -> dict[str, Any]:
+            ev = TasksMoved(stimulus, self.clock.now(), tuple(msg.keys), msg.pool, msg.priority)
+            commands = self.state.handle(ev)
+            answer = next(c for c in commands if type(c) is MoveAnswer)
+            self._execute([c for c in commands if type(c) is not MoveAnswer])
+            return {
+                "moved": [str(k) for k in answer.moved],
+                "left": {str(k): why for k, why in answer.left},
+            }
+
+        if self._coming(msg.keys):
+            return self._after_intake(apply)
+        return apply(current_causal_id())
 
     @handles(ForgetCategoryRequest)
     def forget_category(self, msg: ForgetCategoryRequest) -> dict[str, Any]:

@@ -42,6 +42,7 @@ __all__ = [
     "KeyTaken",
     "KeysReleased",
     "KeysReused",
+    "MoveAnswer",
     "OutputUnreadable",
     "PlacementStallBegan",
     "PlacementStallEnded",
@@ -56,6 +57,7 @@ __all__ = [
     "Suspended",
     "TaskCheckpointed",
     "TasksFinished",
+    "TasksMoved",
     "TasksRunning",
     "Tick",
     "WorkerAway",
@@ -250,6 +252,21 @@ class CancelRequested(Event):
     reason: str = "cancelled by request"
     spare: frozenset[Key] = frozenset()
     coming: tuple[Key, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksMoved(Event):
+    """An operator's or a client's move of queued work: each of ``keys`` still waiting
+    or queued (sent to no worker yet) takes ``pool`` and/or ``priority`` (None: as it
+    is) and is re-queued by them, keeping its key and its dependents. A running task,
+    a finished one or a key the core does not have is left as it is; so is every key
+    when ``pool`` is no pool's name (``pool_name_problem``) or a pool the core does
+    not know (:meth:`SchedulerState.known_pools`). :class:`MoveAnswer` says which
+    keys moved and why the others did not."""
+
+    keys: tuple[Key, ...]
+    pool: str | None = None
+    priority: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -680,6 +697,15 @@ class CancelSpared(Command):
     (the answer to the canceller, not a word to every client)."""
 
     keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MoveAnswer(Command):
+    """The answer to a :class:`TasksMoved` (to the mover, not a word to every client):
+    the keys moved, and each key left as it was with why."""
+
+    moved: tuple[Key, ...]
+    left: tuple[tuple[Key, str], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

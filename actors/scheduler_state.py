@@ -237,6 +237,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeysReused,
     KeyTaken,
+    MoveAnswer,
     OutputUnreadable,
     PolicyChanged,
     PolicyFailed,
@@ -249,6 +250,7 @@ from actors.scheduler_events import (
     Suspended,
     TaskCheckpointed,
     TasksFinished,
+    TasksMoved,
     TasksRunning,
     Tick,
     WorkerAway,
@@ -325,6 +327,7 @@ from runtime.errors import (
     WorkerLost,
     did_you_mean,
     error_name,
+    size_text,
 )
 from runtime.graph import Key, TaskSpec, node_fingerprint
 from runtime.messages import (
@@ -5045,6 +5048,108 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         )  # fmt: skip
         return dataclasses.replace(decision, pool=None)
 
+    def known_pools(self) -> list[str]:
+        """The pools a task may be moved to or listed by: configured, with a worker now
+        or before, or with a task."""
+        tasks = (p for p, n in self.pool_tasks.items() if n)
+        return sorted({*self.config.pools, *self.pools(), *tasks} - {ANY_POOL})
+
+    def move_refusal(self, pool: str | None) -> str:
+        """Why no task may be moved to ``pool`` ("": it may; None: no pool change): no
+        pool's name (``pool_name_problem``), or a pool :meth:`known_pools` lacks."""
+        if pool is None:
+            return ""
+        problem = pool_name_problem(pool)
+        if problem:
+            return f"pool {pool!r}: {problem}"
+        known = self.known_pools()
+        if pool in known:
+            return ""
+        return (
+            f"no pool {pool!r}: none is configured, has a worker or a task by that name "
+            f"(pools: {', '.join(known) or 'none'}{did_you_mean(pool, known)})"
+        )
+
+    def _tasks_moved(self, ev: TasksMoved) -> None:
+        """Move each of ``ev.keys`` still waiting or queued to ``ev.pool`` and/or
+        ``ev.priority``: its pool counters (tasks, ready tasks, waits, the next wave)
+        follow it, and a ready one leaves its heap for its new pool's, placed by its new
+        priority (its wait there counts from the move). Answers :class:`MoveAnswer`."""
+        moved: list[Key] = []
+        left: list[tuple[Key, str]] = []
+        refusal = self.move_refusal(ev.pool)
+        stale: set[tuple[str | None, bool]] = set()
+        for key in dict.fromkeys(ev.keys):
+            ts = self.tasks.get(key)
+            why = refusal or self._unmovable(ts, ev.pool, ev.priority)
+            if why or ts is None:
+                left.append((key, why))
+                continue
+            spec = ts.spec
+            pool = spec.pool if ev.pool is None else ev.pool
+            priority = spec.priority if ev.priority is None else ev.priority
+            old, new = pool_key(spec.pool), pool_key(pool)
+            queued = ts.state == "queued"
+            ready = self.ready_entries.get(spec.category) if queued else None
+            in_heap = ready is not None and ready.pop(ts, None) is not None
+            if in_heap:
+                if not ready:
+                    del self.ready_entries[spec.category]
+                stale.add((spec.pool, ts.producer))
+            if queued and old != new:
+                self.queued_counts[old] -= 1
+                self.queued_counts[new] += 1
+                was = self.pool_waits.get(old)
+                if was is not None:
+                    was.since.pop(ts, None)
+                pw = self.pool_waits.get(new)
+                if pw is None:
+                    pw = self.pool_waits[new] = PoolWaits()
+                pw.since[ts] = self._now  # (its waits stay oldest first)
+            wave = ts.state == "waiting" and ts.waiting_deps == 0
+            if wave:
+                self._in_wave(ts, False)
+            if old != new:
+                self._log(ts.key, "pool", f"{old}->{new}")
+            if priority != spec.priority:
+                self._log(ts.key, "priority", f"{spec.priority:g}->{priority:g}")
+            self._repool(ts, dataclasses.replace(spec, pool=pool, priority=priority))
+            if wave:
+                self._in_wave(ts, True)
+            if in_heap:
+                self._enqueue(ts)  # (a held one goes to its new heap when released)
+            if pool is not None and not any(w.pool == pool for w in self.workers.values()):
+                self._no_worker_note(ts, pool, f"pool {pool!r}, which has no worker now")
+            moved.append(key)
+        for q in stale:  # the moved tasks' old entries out (no two live entries of one)
+            heap = self.queues.get(q)
+            if heap is not None:
+                heap[:] = [
+                    e for e in heap if self.ready_entries.get(e[3].spec.category, {}).get(e[3]) is e
+                ]
+                heapq.heapify(heap)
+        self._out.append(MoveAnswer(self._stimulus, tuple(moved), tuple(left)))
+
+    def _unmovable(self, ts: TaskState | None, pool: str | None, priority: int | None) -> str:
+        """Why ``ts`` is not moved to ``pool`` and ``priority`` ("": it is)."""
+        if ts is None:
+            return "not known to the scheduler (finished and let go, or never submitted)"
+        if ts.state == "processing":
+            return f"running on {ts.worker}: a running task is not moved"
+        if ts.state not in ("waiting", "queued"):
+            return f"{ts.state}: only a waiting or queued task is moved"
+        same_pool = pool is None or pool == ts.spec.pool
+        if same_pool and (priority is None or priority == ts.spec.priority):
+            return f"already in pool {pool_name(ts.spec.pool)} with priority {ts.spec.priority:g}"
+        to = ts.spec.pool if pool is None else pool
+        limit = self.largest.get(to, NO_LIMIT)
+        if ts.in_nbytes > limit:
+            return (
+                f"its inputs ({size_text(ts.in_nbytes)}) fit no worker of pool "
+                f"{pool_name(to)} (the largest holds {size_text(int(limit))})"
+            )
+        return ""
+
     def _requeue_all(self) -> None:
         entries = [e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"]
         self.queues = {}
@@ -5796,6 +5901,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerDraining: SchedulerState._worker_draining,
     WorkerUndrained: SchedulerState._worker_undrained,
     CategoryForgotten: SchedulerState._category_forgotten,
+    TasksMoved: SchedulerState._tasks_moved,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
     StoppedWithCluster: SchedulerState._stopped_with_cluster,

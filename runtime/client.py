@@ -117,6 +117,7 @@ from runtime.messages import (
     GatherRequest,
     KeyUpdates,
     Message,
+    MoveRequest,
     PolicyInfo,
     PolicyQuery,
     ReleaseKeysRequest,
@@ -131,6 +132,7 @@ from runtime.messages import (
     SubmitReply,
     WaitForWorkersRequest,
     message,
+    pool_name_problem,
     rejoin_causes,
 )
 
@@ -1307,6 +1309,12 @@ class ClientActor(Actor):
         keys, self.to_release = self.to_release, {}
         if keys and not self.manager.stopped:
             self.manager.post(ReleaseKeysRequest(tuple(keys), self.name))
+
+    @handles(MoveRequest)
+    async def move(self, msg: MoveRequest) -> Any:
+        """``Cluster.move``: sent through this actor, so it reaches the manager after
+        the submissions made before it (``_Flush``)."""
+        return await self.manager.ask(msg, timeout=None)
 
     @handles(_Cancel)
     async def cancel(self, msg: _Cancel) -> None:
@@ -3361,6 +3369,36 @@ class Cluster:
             await client.ref.ask(request, timeout=None)
             await client.cancel_told(request)
 
+    async def move(
+        self,
+        futures: Sequence[Future] | Future,
+        pool: str | None = None,
+        priority: int | None = None,
+    ) -> dict[str, Any]:
+        """Move the tasks of ``futures`` that are still waiting or queued (sent to no
+        worker yet) to ``pool`` and/or ``priority``; they keep their keys, so their
+        futures and dependents stand. Returns ``{"moved": [key, ...], "left": {key:
+        why}}`` (keys as text; a running or finished task is left as it is). A pool the
+        scheduler does not know: ``ValueError`` naming the pools it knows, nothing
+        moved. Admin only on a shared manager (as ``set_policy``)."""
+        self._require()
+        keys = self._keys_of([futures] if isinstance(futures, Future) else futures, "move")
+        if pool is not None and pool_name_problem(pool):
+            raise ValueError(f"move(pool={pool!r}): {pool_name_problem(pool)}; name one pool")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise TypeError(
+                f"move(priority=): a whole number (higher runs first), got "
+                f"{type(priority).__name__} {short_repr(priority)}"
+            )
+        if pool is None and priority is None:
+            raise ValueError("move: give pool=, priority= or both")
+        if not keys:
+            return {"moved": [], "left": {}}
+        # through the client actor: after the submissions made before it (_Flush)
+        request = MoveRequest(tuple(keys), (), pool, priority)
+        reply: dict[str, Any] = await self._client_actor.ref.ask(request, timeout=None)
+        return dict(reply)
+
     async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
         """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
         self._require()
@@ -3652,10 +3690,16 @@ _TAKES_FUTURES = {
     "gather": "; for one future, await it; for keys of a graph, use compute(graph, keys)",
     "cancel": "; to cancel by key, use the console's `cancel KEY` (python -m runtime console)",
     "as_completed": "; add one future with add(future)",
+    "move": "; to move by key, use the console's `move KEY --pool P`",
 }
 
 #: What each method that takes futures does with them, for the error of a released one.
-_USES = {"gather": "awaited or gathered", "cancel": "cancelled", "as_completed": "waited for"}
+_USES = {
+    "gather": "awaited or gathered",
+    "cancel": "cancelled",
+    "as_completed": "waited for",
+    "move": "moved",
+}
 
 
 #: The ``Cluster`` options of its workers, which a client does not start.

@@ -84,6 +84,7 @@ from runtime.messages import (
     DrainRequest,
     ForgetCategoryRequest,
     Message,
+    MoveRequest,
     PlacementStallInfo,
     PolicyInfo,
     PolicyQuery,
@@ -197,6 +198,13 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         "cancel KEY|RUN",
         "cancel a task (and what depends on it), or every task of a run (run-N, as status "
         "lists them); `cancel --key KEY` or `cancel --run RUN` when it is unclear (admin)",
+        True,
+    ),
+    "move": (
+        "move KEY... [--pool POOL] [--priority N]",
+        "move waiting or queued tasks (not yet sent to a worker) to another pool and/or "
+        "priority; they keep their keys, so what depends on them stands (a running task "
+        "is left as it is; admin)",
         True,
     ),
     "help": ("help [COMMAND]", "show the commands, or one command's usage", False),
@@ -584,6 +592,14 @@ class ConsoleClient:
         nothing cancelled) when it is both a run id and a key's text."""
         return dict(await self.ask(CancelKeysRequest(tuple(keys), run, key_or_run)))
 
+    async def move(
+        self, keys: Sequence[str], pool: str | None = None, priority: int | None = None
+    ) -> dict[str, Any]:
+        """Move the tasks of ``keys`` (as text) still waiting or queued to ``pool`` and/or
+        ``priority`` (admin). Answer: ``{"moved": [key, ...], "left": {key: why}}``; a
+        pool the scheduler does not know: ``ValueError`` naming the pools it knows."""
+        return dict(await self.ask(MoveRequest((), tuple(keys), pool, priority)))
+
     async def alerts(self) -> AlertsReply:
         """The alerts (pending, firing, lately resolved), the rules as data and the
         latest remediation audit lines."""
@@ -846,6 +862,25 @@ class ConsoleClient:
         data = jsonable(await self.cancel((key,) if key else (), run, either))
         what = f"run {data['run']}" if data.get("run") else f"key {key or either}"
         return Result("cancel", data, Text(cancel_text(what, data)))
+
+    async def _cmd_move(self, rest: str) -> Result:
+        parser = _Parser("move")
+        parser.add_argument("keys", nargs="+")
+        parser.add_argument("--pool")
+        parser.add_argument("--priority", type=int)
+        args = parser.parse_args(_words(rest))
+        if args.pool is None and args.priority is None:
+            raise ConsoleError("move: give --pool POOL, --priority N or both")
+        if args.pool is not None and (problem := pool_name_problem(args.pool)):
+            raise ConsoleError(f"move: pool {args.pool!r}: {problem}; name one pool")
+        data = jsonable(await self.move(args.keys, args.pool, args.priority))
+        to = " and ".join(
+            ([f"pool {args.pool}"] if args.pool is not None else [])
+            + ([f"priority {args.priority}"] if args.priority is not None else [])
+        )
+        lines = [f"moved {len(data['moved'])} task(s) to {to}"]
+        lines += [f"  {key}: not moved: {why}" for key, why in data["left"].items()]
+        return Result("move", data, Text("\n".join(lines)))
 
     async def _cmd_alert(self, rest: str) -> Result:
         word, _, args = rest.strip().partition(" ")

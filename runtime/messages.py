@@ -1892,6 +1892,22 @@ class ForgetCategoryRequest(Message):
 
 
 @message()
+class MoveRequest(Message):
+    """Client or console -> manager -> scheduler: move the tasks of ``keys`` (and of
+    ``texts``, keys as text, as ``tasks`` shows them: the console's) that are still
+    waiting or queued to pool ``pool`` and/or priority ``priority`` (None: as they are);
+    they keep their keys and dependents (``TasksMoved``). A pool the scheduler does not
+    know, a name no pool may have or a priority that is not a whole number:
+    ``ValueError``, nothing moved; a key text no task has: ``ValueError``. Reply:
+    ``{"moved": [key text, ...], "left": {key text: why}}``. Admin only."""
+
+    keys: tuple[Any, ...] = ()
+    texts: tuple[str, ...] = ()
+    pool: str | None = None
+    priority: int | None = None
+
+
+@message()
 class CancelKeysRequest(Message):
     """Console -> manager: cancel the keys whose text is in ``keys`` and, with ``run``,
     every key of that run; with ``key_or_run``, the run of that id or the key of that

@@ -121,6 +121,7 @@ from runtime.messages import (
     Message,
     MetricsReply,
     MetricsRequest,
+    MoveRequest,
     OutputUnpicklable,
     PolicyQuery,
     ReadStream,
@@ -1768,6 +1769,7 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
         "admin": _SUBMIT
         | {
             CancelKeysRequest,
+            MoveRequest,
             SetPolicyRequest,
             ScaleRequest,
             ResumeRequest,

@@ -216,6 +216,7 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "as_completed": lambda c: c.as_completed([]),
     "download": lambda c: c.download(None, "x"),  # type: ignore[arg-type]
     "cancel": lambda c: c.cancel([]),
+    "move": lambda c: c.move([], priority=1),
     "set_policy": lambda c: c.set_policy("placement", "round-robin"),
     "scale": lambda c: c.scale(1),
     "status": lambda c: c.status(),

@@ -865,6 +865,42 @@ async def test_scale_counts_blocks_and_says_so() -> None:
             assert "target blocks" in (await console.execute("status")).text(width=200)
 
 
+# ----------------------------------------------------------------------------- move
+
+
+@pytest.mark.anyio
+async def test_move_sends_a_queued_task_to_a_pool_with_a_worker_and_its_dependent_runs(
+    gate: Any,
+) -> None:
+    """A user audit: a queued task's pool could not be changed; cancelling it to submit
+    it elsewhere failed its dependents. `move KEY --pool P` moves it (keys kept); a
+    running task is left, saying so; an unknown pool is an error naming the pools."""
+    with anyio.fail_after(LIMIT):
+        async with cluster_and_console() as (cluster, console):
+            await cluster.wait_for_workers(1)  # its pool: default
+            opened = gate("move")
+            running = cluster.submit(gated, "move", 1, pool="default")
+            stuck = cluster.submit(add, 3, 4, pool="gpu")  # no worker: it waits
+            after = cluster.submit(add, stuck, 1, pool="default")
+            await wait_until(lambda: console.tasks(state="processing"), "running")
+            await wait_until(lambda: _when(console.tasks(), lambda rs: len(rs) == 3), "all 3")
+            with pytest.raises(ValueError, match=r"no pool 'defualt'.*did you mean 'default'"):
+                await console.execute(f"move {stuck.key} --pool defualt")
+            with pytest.raises(ConsoleError, match="give --pool POOL, --priority N or both"):
+                await console.execute(f"move {stuck.key}")
+            with pytest.raises(ValueError, match="unknown key 'nope'"):
+                await console.execute("move nope --pool default")
+            text = await console.run_command(f"move {stuck.key} {running.key} --pool default")
+            lines = text.splitlines()
+            assert lines[0] == "moved 1 task(s) to pool default"
+            assert lines[1].startswith(f"  {running.key}: not moved: running on ")
+            assert stuck.key in [r.key for r in await console.tasks(pool="default")]
+            opened.set()
+            assert await after == 8 and await stuck == 7
+            story = [(t[1], t[2]) for t in await cluster.story(stuck.key)]
+            assert ("pool", "gpu->default") in story
+
+
 # ----------------------------------------------------------------------------- cancel
 
 
@@ -1763,7 +1799,7 @@ def test_console_help_lists_every_command_of_the_shells_help(capsys: Any) -> Non
     assert listed == [
         "status", "config", "tasks", "story", "policy list", "policy set", "drain", "undrain",
         "forget", "scale", "resume", "alert list", "alert watch", "alert add",
-        "alert remove", "cancel", "help", "quit",
+        "alert remove", "cancel", "move", "help", "quit",
     ]  # fmt: skip
     assert {form.split()[0] for form in listed} == set(COMMANDS)
 

@@ -90,8 +90,8 @@ def test_the_submit_role_is_a_client_s_own_work_and_the_reads() -> None:
     operator = {t.__name__ for t in ALLOWED["admin"] - submit}
     assert operator == {
         "AlertRuleAdd", "AlertRuleRemove", "CancelKeysRequest", "DrainRequest",
-        "ForgetCategoryRequest", "ResumeRequest", "ScaleRequest", "SetPolicyRequest",
-        "UndrainRequest",
+        "ForgetCategoryRequest", "MoveRequest", "ResumeRequest", "ScaleRequest",
+        "SetPolicyRequest", "UndrainRequest",
     }  # fmt: skip
     door = _Door(_Gateway(), None, "submit", "alice")  # type: ignore[arg-type]
     door.check(CancelRequest(("k",), "mine", "alice"))
@@ -159,6 +159,8 @@ async def test_a_submit_token_client_runs_its_graph_and_cancels_its_own_future(
             assert "this connection has the submit token" in text, text
             with pytest.raises(PermissionDenied, match="ScaleRequest needs the admin token"):
                 await cluster.scale(0)
+            with pytest.raises(PermissionDenied, match="MoveRequest needs the admin token"):
+                await cluster.move(cluster.submit(inc, 5), priority=1)
             assert await cluster.submit(inc, 41) == 42  # still connected, still served
 
 
