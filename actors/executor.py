@@ -98,6 +98,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 
 import psutil
+from dask import _task_spec
 from dask.sizeof import sizeof
 
 from actors import memory as mem
@@ -498,6 +499,35 @@ async def _told(coro: Coroutine[Any, Any, Any], started: Started) -> Any:
     return await coro
 
 
+#: where the frames that run a task live, ahead of its own in its exception's
+#: traceback: Corral's (this executor, ``runtime``), dask's task spec (a node calling
+#: its function, a nested node's argument), asyncio's (an ``async def`` task's loop)
+_HARNESS_DIRS: Final = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep
+    for f in (__file__, pickling.__file__, asyncio.__file__ or "")
+)
+_HARNESS_FILES: Final = frozenset({os.path.abspath(_task_spec.__file__ or "")})
+
+
+def _harness(filename: str) -> bool:
+    return filename.startswith(_HARNESS_DIRS) or filename in _HARNESS_FILES
+
+
+def from_task_code(exc: BaseException) -> BaseException:
+    """``exc``, a task's exception as its executor caught it, its traceback starting at
+    the task's own code: the leading frames that ran the task (:data:`_HARNESS_DIRS`,
+    :data:`_HARNESS_FILES`) left out, so that the caller, the dashboard and the
+    monitoring database show the user's frames first. A traceback with no frame of
+    the task's (an error of Corral's own, a ``TaskNotLoadable``) is kept whole: never
+    an empty one."""
+    tb = exc.__traceback__
+    while tb is not None and _harness(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.__traceback__ = tb
+    return exc
+
+
 def run_call(call: Any, name: str, worker: str) -> RunOutcome:
     """``Cluster.run``'s call on ``worker``, in the calling thread (one of the worker
     process's, never its event loop; not a task slot): ``call`` (``(func, args,
@@ -512,6 +542,7 @@ def run_call(call: Any, name: str, worker: str) -> RunOutcome:
         func, args, kwargs = unpickling.loads(call) if wire else call
         value = _awaited(func(*args, **kwargs))
     except BaseException as exc:
+        from_task_code(exc)
         if not wire:
             return RunOutcome(worker, False, exc, type(exc).__name__, pickled=False)
         return run_failure(exc, name, worker)
@@ -1203,7 +1234,7 @@ class Executor(BaseExecutor):
                 _let_go(exc)
             after = rss()
             outcome: _Outcome = "error" if full is None else "disk-full"
-            error = bound_error(exc, task.key, self.error_limit)
+            error = bound_error(from_task_code(exc), task.key, self.error_limit)
             return (
                 TaskResult(
                     task.key, outcome, start, stop, full or 0, after, error, rss_before=before
@@ -1357,8 +1388,10 @@ def _pack_error(exc: BaseException, key: Key) -> tuple[list[memoryview], str]:
     (:func:`runtime.remote.bound_error`, as a thread of the worker does), and one that
     does not survive the trip by a RuntimeError that names it and carries its
     traceback (:func:`runtime.remote.pack_error`, the check the worker's messages to the
-    scheduler make too)."""
-    return pack_error(bound_error(exc, key, _ERROR_LIMIT), "its task process", _dumps)
+    scheduler make too). Its traceback starts at the task's code (:func:`from_task_code`)."""
+    return pack_error(
+        bound_error(from_task_code(exc), key, _ERROR_LIMIT), "its task process", _dumps
+    )
 
 
 def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:
