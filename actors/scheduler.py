@@ -1153,6 +1153,7 @@ class Scheduler(Actor):
             ),
             "placement_stalls_total": dict(st.placement_stall_count),
             "warnings": tuple(self.host_warnings[h] for h in sorted(self.host_warnings)),
+            "crash_suspects": st.crash_suspects(),
         }
 
     def _storage(self) -> StorageStatus:

@@ -357,6 +357,9 @@ __all__ = [
 ]
 
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
+#: tasks that were executing on a worker when it crashed kept, the latest, for the
+#: suspects the status names (:meth:`SchedulerState.crash_suspects`)
+MAX_SUSPECTS = 20
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
 #: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
 UPCOMING_MOST = 1024
@@ -579,6 +582,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         #: pool -> (seconds lived, died unasked) of the workers that left it, newest last
         self.lives: dict[str, deque[tuple[float, bool]]] = {}
+        #: the latest tasks (at most MAX_SUSPECTS, newest last) whose try was lost with
+        #: a worker that ended unexpectedly while it may have executed them
+        #: (:meth:`TaskState.crashes`): what may have killed it (:meth:`crash_suspects`)
+        self.crashed: dict[Key, None] = {}
         self.deadlines = 0  #: workers with a walltime deadline
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
         #: (category, pool) of tasks that memory admission by RSS rise held back in this
@@ -1162,6 +1169,28 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def n_queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
+    def _suspect(self, key: Key) -> None:
+        self.crashed.pop(key, None)
+        self.crashed[key] = None
+        if len(self.crashed) > MAX_SUSPECTS:
+            del self.crashed[next(iter(self.crashed))]
+
+    def crash_suspects(self) -> dict[str, tuple[str, ...]]:
+        """The tasks still to run (waiting, ready or running) whose tries were lost with
+        workers that ended unexpectedly while they may have executed them (a crash, a
+        kill, a lost connection: not a preemption, a walltime or a drain), newest
+        first, each with those workers in order (a restarted one once per life:
+        :meth:`TaskState.crashes`, what ``TaskCrashedWorkers`` names). What may be
+        killing the workers: the client's "no worker to run the ready tasks" warning
+        names them. At most :data:`MAX_SUSPECTS`, looked up by key: no scan."""
+        out: dict[str, tuple[str, ...]] = {}
+        for key in reversed(self.crashed):
+            ts = self.tasks.get(key)
+            crashes = ts.crashes() if ts is not None and ts.state in ACTIVE else []
+            if crashes:
+                out[str(key)] = tuple(worker for worker, _ in crashes)
+        return out
+
     def queued_by_pool(self) -> dict[str, int]:
         """Ready tasks per pool (``"*"``: tasks any pool may run), from counters."""
         return {pool: n for pool, n in self.queued_counts.items() if n}
@@ -1695,6 +1724,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._tried(ts, rec, None, began=self._began(ts, ws, ran, rec.stop))
             ts.lost_tries += 1
             self._stat(ts).lost += 1
+            if ev.cause not in BENIGN_LOSSES and ran != 0.0:  # it may be what killed it
+                self._suspect(ts.key)
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id, grouped=False)
             ts.worker = None
             ts.disk_need = 0

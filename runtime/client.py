@@ -271,19 +271,53 @@ def _scaling_failing(auto: AutoscalerStatus | None) -> dict[str, str]:
     }
 
 
+#: tasks the "no worker to run the ready tasks" warning names as what may be killing
+#: the workers, at most (``status()["crash_suspects"]`` has them all)
+SUSPECTS_NAMED = 3
+
+
+def crash_suspects_text(suspects: Mapping[str, Sequence[str]]) -> str:
+    """The tasks of ``suspects`` (``StatusReply.crash_suspects``: per task still to run,
+    the workers that ended unexpectedly while it was running, or may have been) said as
+    what may be killing the workers, and what to do ("": none)."""
+    if not suspects:
+        return ""
+    said = []
+    for key, workers in list(suspects.items())[:SUSPECTS_NAMED]:
+        lives = collections.Counter(workers)
+        named = ", ".join(repr(w) if n == 1 else f"{w!r} ({n} lives)" for w, n in lives.items())
+        on = "1 worker when it" if len(workers) == 1 else f"{len(workers)} workers when they"
+        said.append(
+            f"task {key!r} was running, or may have been, on {on} ended unexpectedly ({named})"
+        )
+    more = len(suspects) - SUSPECTS_NAMED
+    return (
+        "; ".join(said)
+        + (f"; and {more} more (status()['crash_suspects'])" if more > 0 else "")
+        + ". It may be what kills them (os._exit, a crash in compiled code): run it alone to "
+        "see, or run the workers with execution 'process' to contain it (docs/api.md#errors, "
+        "TaskCrashedWorkers)"
+    )
+
+
 def _no_workers_news(
     alerts: Sequence[AlertInfo],
     said: _Said,
     manager: str,
     failing: Mapping[str, str] | None = None,
     start: str = "start workers, or replacements of those that died",
+    suspects: Mapping[str, Sequence[str]] | None = None,
 ) -> _Said:
     """Log a WARNING for each pending ``CorralNoWorkers`` alert of ``alerts`` not in
     ``said`` (a pool with ready tasks and no worker, not for 2 minutes yet); return the
     ones pending now, said (what the next look compares with: one line per episode).
     ``failing``: per pool whose scaling policy fails now, what its hint says instead of
     "start workers" (:func:`_scaling_failing`; an alert of any pool, ``*``, names every
-    one); ``start``: what starts workers (for an embedded cluster, its ``scale``)."""
+    one); ``start``: what starts workers (for an embedded cluster, its ``scale``);
+    ``suspects``: the tasks that were running on workers that ended unexpectedly
+    (``StatusReply.crash_suspects``), which its hint names first
+    (:func:`crash_suspects_text`)."""
+    blame = crash_suspects_text(suspects or {})
     now = time.time()
     pending = set()
     for alert in alerts:
@@ -296,16 +330,19 @@ def _no_workers_news(
         since = 0.0 if alert.active_since is None else max(0.0, now - alert.active_since)
         pool = alert.labels.get("pool", ANY_POOL)
         why = [t for p, t in sorted((failing or {}).items()) if pool in (ANY_POOL, p)]
+        hint = (
+            "; ".join(why) + ". The CorralNoWorkers alert fires after 2 min"
+            if why
+            else f"they wait for a worker to join ({start}); the CorralNoWorkers alert "
+            "fires after 2 min. To bound the wait, wrap the run in anyio.fail_after(SECONDS)"
+        )
         _log.warning(
             "no worker to run the ready tasks",
             manager=manager,
             pool=pool,
             ready=int(alert.value),
             seconds=round(since),
-            hint="; ".join(why) + ". The CorralNoWorkers alert fires after 2 min"
-            if why
-            else f"they wait for a worker to join ({start}); the CorralNoWorkers alert "
-            "fires after 2 min. To bound the wait, wrap the run in anyio.fail_after(SECONDS)",
+            hint=f"{blame}. {hint[0].upper()}{hint[1:]}" if blame else hint,
         )
     return pending
 
@@ -2128,25 +2165,36 @@ class Cluster:
                 for alert in changes.news(reply.alerts, first=first) if remote else ():
                     log.notify(alert)
                 failing: dict[str, str] = {}
-                if _no_workers_new(reply.alerts, said):  # is a scaling policy the cause?
-                    failing = _scaling_failing(await self._autoscaler_status(manager, every))
-                said = _no_workers_news(reply.alerts, said, where, failing, start)
+                suspects: dict[str, tuple[str, ...]] = {}
+                if _no_workers_new(reply.alerts, said):  # a failing scaling policy? a task?
+                    status = await self._manager_status(manager, every)
+                    if status is not None:
+                        failing = _scaling_failing(status.autoscaler)
+                        suspects = status.crash_suspects
+                said = _no_workers_news(reply.alerts, said, where, failing, start, suspects)
                 first = False
             if isinstance(manager, _RemoteManager):  # (an embedded cluster: not this)
                 await self._look_at_throttling(manager, every)
             await anyio.sleep(every)
 
-    async def _autoscaler_status(
+    async def _manager_status(
         self, manager: _RemoteManager | ActorRef[Manager], every: float
-    ) -> AutoscalerStatus | None:
-        """The manager's autoscaler status (None: it has none, or did not answer: a
-        failed look is skipped, as the alerts' are)."""
+    ) -> StatusReply | None:
+        """The manager's status (None: it did not answer: a failed look is skipped, as
+        the alerts' are)."""
         try:
             status = await manager.ask(StatusRequest(categories=False), timeout=max(every, 5.0))
         except (CorralError, TimeoutError) as exc:  # ManagerLost too: the futures say so
             _log.debug("could not read the manager's status", error=str(exc))
             return None
-        return status.autoscaler if isinstance(status, StatusReply) else None
+        return status if isinstance(status, StatusReply) else None
+
+    async def _autoscaler_status(
+        self, manager: _RemoteManager | ActorRef[Manager], every: float
+    ) -> AutoscalerStatus | None:
+        """The manager's autoscaler status (None: it has none, or did not answer)."""
+        status = await self._manager_status(manager, every)
+        return status.autoscaler if status is not None else None
 
     async def _look_at_throttling(self, manager: _RemoteManager, every: float) -> None:
         """While this client's tasks wait, read the manager's status and warn once an

@@ -1655,6 +1655,10 @@ class StatusReply(Message):
     #: what the scheduler warns of now, as texts (the workers of one machine that
     #: together claim more memory than it has: docs/memory.md#workers-sharing-a-machine)
     warnings: tuple[str, ...] = ()
+    #: the tasks still to run whose tries were lost with workers that ended unexpectedly
+    #: while they may have executed them (what may be killing them), newest first, each
+    #: with those workers (``SchedulerState.crash_suspects``; at most 20)
+    crash_suspects: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     #: the settings a manager process runs with (empty: an embedded cluster)
     config: tuple[ConfigSetting, ...] = ()
 
@@ -1679,6 +1683,7 @@ class StatusReply(Message):
         for name in lists:
             out[name] = list(out[name])
         out["config"] = config_dict(self.config)
+        out["crash_suspects"] = {k: list(ws) for k, ws in self.crash_suspects.items()}
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:
             out["autoscaler"] = {
