@@ -629,12 +629,20 @@ class KeyDone(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyErred(Command):
     """A wanted key failed. ``error`` is what its future raises; ``root`` the task whose
-    own try failed and ``root_error`` that try's exception."""
+    own try failed and ``root_error`` that try's exception; ``worker`` the worker that
+    try ran on, ``attempt`` its number among the tries of the root's latest submission
+    and ``attempts`` the tries it could have made (its ``retries=`` budget left added,
+    as a retry policy may decline to retry): the client's
+    note on a task's own exception, ``try 3 of 3``. "", 0 and 0 for a failure with no
+    try of its own (not run, cancelled, or failed in the client)."""
 
     key: Key
     error: BaseException
     root: Key
     root_error: BaseException
+    worker: str = ""
+    attempt: int = 0
+    attempts: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ __all__ = [
     "Frame",
     "NotRunGroup",
     "PoolWaits",
+    "Root",
     "SchedulerConfig",
     "TaskState",
     "TaskStateView",
@@ -396,6 +397,12 @@ class WorkerState:
         return f"<WorkerState {self.id} {len(self.processing)}/{self.slots}>"
 
 
+#: What a failed task's client is told of the task whose failure it is: ``(key, its
+#: exception, the worker its failed try ran on, that try's number, the tries it could
+#: have made)`` (``TaskState.root``; the last three "", 0, 0 for a failure with no try)
+Root = tuple[Key, BaseException, str, int, int]
+
+
 class TaskState:
     """One task as the scheduler sees it."""
 
@@ -412,6 +419,7 @@ class TaskState:
         "est",
         "failed_in",
         "file",
+        "first_try",
         "free_retries",
         "generation",
         "held_until",
@@ -537,11 +545,18 @@ class TaskState:
         #: the retry policy asked for (``RetryDecision.delay``); 0 once it leaves waiting
         self.retry_at = 0.0
         self.tries: list[TryRecord] = []  #: every attempt
+        #: where its latest submission's tries begin in ``tries`` (a failed key
+        #: submitted again counts its tries afresh: ``try 1 of 1`` in its client's note)
+        self.first_try = 0
         #: the failure groups its failed tries count in (None: none), each once: a
         #: group counts its tasks and, as they err, those that erred
         self.failed_in: list[FailureGroup] | None = None
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
-        self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
+        #: the task whose failure it is (itself, or a dependency's), as the client is
+        #: told (``KeyErred``'s last five fields): ``(key, its exception, the worker of
+        #: its failed try, that try's number, the tries it could have made)``; ("", 0,
+        #: 0) when it failed with no try of its own
+        self.root: Root | None = None
 
     def __repr__(self) -> str:
         return f"<TaskState {self.key!r} {self.state}>"

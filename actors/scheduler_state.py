@@ -1317,6 +1317,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._repool(ts, spec)
                 ts.generation = gen
                 ts.retries_left = spec.retries
+                ts.first_try = len(ts.tries)
                 ts.lost_tries = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
                 ts.oom_own = ts.oom_worker_floor = 0
@@ -1378,7 +1379,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if ts in broken:
                 self._set(ts, "waiting")
                 err = MissingKeysError([str(k) for k in broken[ts]], requested=True)
-                ts.error, ts.root = err, (ts.key, err)
+                ts.error, ts.root = err, (ts.key, err, "", 0, 0)
                 self._not_run(ts, "MissingKeysError", error_record(err))
                 self._set(ts, "erred")
                 self._terminal(ts)
@@ -3441,8 +3442,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _fail_dependent(self, ts: TaskState, failed: TaskState) -> None:
         assert failed.root is not None
-        root_key, root_err = failed.root
-        ts.root = (root_key, root_err)
+        root_key, root_err = failed.root[:2]
+        ts.root = failed.root
         if failed.state == "cancelled":
             ts.error = CancelledError(str(ts.key), f"dependency {failed.key!r} was cancelled")
             self._set(ts, "cancelled")
@@ -3506,10 +3507,16 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _fail(self, ts: TaskState, err: BaseException, not_run: ErrorRecord | None = None) -> None:
         """``ts`` fails with ``err``, its own error (the root its dependents name); with
         ``not_run`` (``err``'s record), it failed without a try of its own and counts
-        in the not-run groups under ``err``'s type. Erred, then the client and its
-        dependents are told (inputs it alone needed are cancelled as unneeded)."""
+        in the not-run groups under ``err``'s type; else its latest try is the one that
+        failed, whose worker and number its client is told (``TaskState.root``). Erred,
+        then the client and its dependents are told (inputs it alone needed are
+        cancelled as unneeded)."""
         ts.error = err
-        ts.root = (ts.key, err)
+        n = len(ts.tries) - ts.first_try  # (this submission's)
+        if not_run is None and n > 0:  # a try of its own failed: the latest
+            ts.root = (ts.key, err, ts.tries[-1].worker, n, n + ts.retries_left)
+        else:
+            ts.root = (ts.key, err, "", 0, 0)
         if not_run is not None:
             self._not_run(ts, type(err).__name__, not_run)
         self._set(ts, "erred")
@@ -3525,7 +3532,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ts.failed_in = None  # counted: erring again after a resubmission counts anew
         if ts.root is None:
             assert ts.error is not None
-            ts.root = (ts.key, ts.error)
+            ts.root = (ts.key, ts.error, "", 0, 0)
         if tell:
             self._notify_failed(ts)
         self._to_fail.extend((d, ts) for d in ts.dependents if d.state in ACTIVE)
@@ -3560,7 +3567,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._unassign(ts, cancel=True, cause=cause)
         ts.unneeded = unneeded
         ts.error = CancelledError(str(ts.key), reason)
-        ts.root = (ts.key, ts.error)
+        ts.root = (ts.key, ts.error, "", 0, 0)
         self._set(ts, "cancelled")
         self._terminal(ts, tell=tell)
 

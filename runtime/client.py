@@ -1473,7 +1473,7 @@ class Future:
         if self.released:
             return released_error(self.key, "awaited")
         upd = self._watch.update
-        return _error_of(upd) if not isinstance(upd, KeyDone) else None
+        return _task_error(self._watch, root_errors=False) if not isinstance(upd, KeyDone) else None
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -1524,6 +1524,32 @@ def _error_of(upd: Any) -> BaseException:
 
         return CancelledError(str(upd.key), upd.reason)
     raise AssertionError(upd)
+
+
+def _task_error(watch: _KeyWatch, *, root_errors: bool) -> BaseException:
+    """What a future of ``watch``'s failed key raises (``root_errors``: a dependency's
+    failure as the exception of the task that failed first, not
+    :class:`DependencyFailed`). A task's own exception carries the note ``(raised by
+    task 'KEY' on worker 'W', try N of M)`` (:func:`_raised_note`), once."""
+    upd = watch.update
+    err = _error_of(upd)
+    if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
+        err = TaskExited.of(err.__cause__, upd.root)
+    # Not on Corral's own errors (WorkerLost, ManagerLost...): they were not raised by
+    # the task, name their key in their fields, and some are one object shared by many
+    # keys.
+    if isinstance(upd, KeyErred) and not isinstance(err, CorralError):
+        _note(err, _raised_note(upd))
+    return err
+
+
+def _raised_note(upd: KeyErred) -> str:
+    """The note on the exception of ``upd``'s root, a task's own: the task, and the
+    worker and number of the try that raised it when the scheduler told them."""
+    where = f" on worker {upd.worker!r}" if upd.worker else ""
+    if upd.attempt:
+        where += f", try {upd.attempt} of {max(upd.attempts, upd.attempt)}"
+    return f"(raised by task {upd.root!r}{where})"
 
 
 class _Arrivals:
@@ -3066,7 +3092,7 @@ class Cluster:
         values: list[Any] = []
         try:
             await self._submit(graph, flat, opts, inputs)
-            values = await self._gather_keys(flat, root_errors=True, note=True)
+            values = await self._gather_keys(flat, root_errors=True)
         finally:
             loop = asyncio.get_running_loop()
             for i, (k, v) in enumerate(itertools.zip_longest(flat, values)):
@@ -3253,13 +3279,10 @@ class Cluster:
         """
         return AsCompleted(self, futures, with_results, raise_errors)
 
-    async def _gather_keys(
-        self, keys: Sequence[Key], *, root_errors: bool, note: bool = False
-    ) -> list[Any]:
+    async def _gather_keys(self, keys: Sequence[Key], *, root_errors: bool) -> list[Any]:
         """The values of ``keys``. ``root_errors``: a dependency's failure raises its
-        original exception, not :class:`DependencyFailed`. A task's own exception gets
-        the note ``(raised by task '<key>')`` when unwrapped so, and with ``note`` (what
-        ``compute`` promises) also when it is the requested key's own."""
+        original exception, not :class:`DependencyFailed`. A task's own exception
+        carries the note naming the task, its worker and its try (:func:`_task_error`)."""
         client = self._client_actor
         remaining = list(dict.fromkeys(keys))
         values: dict[Key, Any] = {}
@@ -3269,18 +3292,7 @@ class Cluster:
                 watch = client.watches.get(failed)
                 if watch is None:  # its last Future was released while we waited
                     raise released_error(failed, "awaited or gathered")
-                upd = watch.update
-                err = _error_of(upd)
-                unwrapped = False
-                if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
-                    err, unwrapped = TaskExited.of(err.__cause__, upd.root), True
-                # Not on Corral's own errors (WorkerLost, ManagerLost...): they were not
-                # raised by the task, name their key in their fields, and some are one
-                # object shared by many keys.
-                own = isinstance(upd, KeyErred) and not isinstance(err, CorralError)
-                if own and (note or unwrapped):
-                    _note(err, f"(raised by task {upd.root!r})")
-                raise err
+                raise _task_error(watch, root_errors=root_errors)
             # what this try goes by (None: released meanwhile; the next wait says so)
             seen = {k: w.update if (w := client.watches.get(k)) else None for k in remaining}
             missing, again = await self._fetch(remaining, values)

@@ -246,7 +246,10 @@ async def test_an_external_tool_s_stderr_and_the_tasks_that_failed_for_good_are_
     assert err.returncode == 3 and err.stderr.endswith(b"ERROR: bad WCS header in ccd3.fits\n")
     tail = ("x" * 3000 + "\nERROR: bad WCS header in ccd3.fits")[-2000:]  # (its blanks cut)
     note = f"the command's stderr (its last 2000 characters):\n{tail}"
-    assert err.__notes__ == [note]
+    assert err.__notes__[0] == note and len(err.__notes__) == 2
+    # (then the client's, naming the task, its worker and the try that raised it)
+    assert err.__notes__[1].startswith("(raised by task 'wcs-3' on worker '")
+    assert err.__notes__[1].endswith("', try 2 of 2)")
     assert note in "".join(traceback.format_exception(err))
     said = f"{err}\n{note}"  # the error's text, then the note
     assert said.startswith("Command '[") and "returned non-zero exit status 3." in said

@@ -171,12 +171,42 @@ def test_user_retries_are_spent_then_the_task_fails(make_state: Factory) -> None
     last = ValueError("try 3")
     (ke,) = of(finish(s, "w1", "a", "error", error=last), KeyErred)
     assert ke.error is last
+    # The client's note on the exception: the worker and which try raised it.
+    assert (ke.worker, ke.attempt, ke.attempts) == ("w1", 3, 3)
     assert [t.outcome for t in ts.tries] == ["error"] * 3
     assert s.stats["a"].errors == 3
     assert [e[2] for e in s.story("a") if e[1] == "retry"] == [
         "error; retry budget left",
         "error; retry budget left",
     ]
+
+
+def test_the_client_hears_which_worker_and_try_raised_and_dependents_hear_the_roots(
+    make_state: Factory,
+) -> None:
+    """``KeyErred`` says where the try that raised the root's error ran, and which try
+    of how many it was (the client's note on the exception, ``try 2 of 2``); a key
+    submitted again after it failed counts its tries afresh."""
+    s = make_state()
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"a": [], "b": ["a"]}, ["a", "b"], retries=1)
+    first = worker_of(s, "a")
+    finish(s, first, "a", "error", error=ValueError("once"))
+    second = worker_of(s, "a")
+    last = ValueError("twice")
+    erred = {c.key: c for c in of(finish(s, second, "a", "error", error=last), KeyErred)}
+    for key in ("a", "b"):  # b's error is a DependencyFailed; its root's try is a's
+        ke = erred[key]
+        assert (ke.root, ke.root_error, ke.worker, ke.attempt, ke.attempts) == (
+            "a", last, second, 2, 2,
+        ), key  # fmt: skip
+    # Submitted again (no retries now): its one try is "try 1 of 1".
+    submit(s, {"a": []}, ["a"])
+    again = worker_of(s, "a")
+    (ke,) = of(finish(s, again, "a", "error", error=last), KeyErred)
+    assert (ke.worker, ke.attempt, ke.attempts) == (again, 1, 1)
+    assert len(s.tasks["a"].tries) == 3  # (the story and the console count them all)
 
 
 def test_a_retry_goes_behind_work_that_was_not_tried_yet(make_state: Factory) -> None:
