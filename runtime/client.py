@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from types import TracebackType
 from typing import Any, NoReturn
 
 import anyio
@@ -536,7 +537,7 @@ def _policies_left_news(
 class _KeyWatch:
     """Client-side state of one key: how many Future objects hold it, and its fate."""
 
-    __slots__ = ("fence", "held", "holders", "left", "pool", "update", "wants")
+    __slots__ = ("arrived", "fence", "held", "holders", "left", "pool", "update", "wants")
 
     def __init__(self) -> None:
         self.holders = 0  #: Future objects (and computes) holding the key
@@ -544,6 +545,11 @@ class _KeyWatch:
         #: the throttle hint counts the workers of the pools this client waits on
         self.pool: str | None = None
         self.update: Any = None  #: KeyDone / KeyErred / KeyCancelled, None while pending
+        #: the exceptions of a ``KeyErred`` update (its error, that error's cause, its
+        #: root's error) with the tracebacks they came with: each is raised with its own
+        #: again (:func:`_task_error`), as raising one object adds the frames of every
+        #: raise to its traceback
+        self.arrived: tuple[tuple[BaseException, TracebackType | None], ...] = ()
         #: times a Future (or a compute) took the key: a cancel asked before the latest
         #: is for a submission made before it, and is dropped
         self.wants = 0
@@ -975,8 +981,20 @@ class ClientActor(Actor):
             self._tell(w, upd)
 
     def _tell(self, w: _KeyWatch, upd: Any) -> None:
-        """``upd`` is the word on ``w``'s key: the watch keeps it, its waiters hear."""
+        """``upd`` is the word on ``w``'s key: the watch keeps it (a failure's exceptions
+        with the tracebacks they came with), its waiters hear."""
         w.update = upd
+        if isinstance(upd, KeyErred):
+            # A root's exception this client raised already (its own future awaited)
+            # came with the traceback its root's watch kept.
+            root = self.watches.get(upd.root)
+            known = root.arrived if root is not None and root is not w else ()
+            arrived: list[tuple[BaseException, TracebackType | None]] = []
+            for exc in (upd.error, upd.error.__cause__, upd.root_error):
+                if exc is not None and all(e is not exc for e, _ in arrived):
+                    tb = next((t for e, t in known if e is exc), exc.__traceback__)
+                    arrived.append((exc, tb))
+            w.arrived = tuple(arrived)
         waiters = self.waiters.pop(upd.key, None)
         if waiters:
             ok = isinstance(upd, KeyDone)
@@ -1529,8 +1547,10 @@ def _error_of(upd: Any) -> BaseException:
 def _task_error(watch: _KeyWatch, *, root_errors: bool) -> BaseException:
     """What a future of ``watch``'s failed key raises (``root_errors``: a dependency's
     failure as the exception of the task that failed first, not
-    :class:`DependencyFailed`). A task's own exception carries the note ``(raised by
-    task 'KEY' on worker 'W', try N of M)`` (:func:`_raised_note`), once."""
+    :class:`DependencyFailed`), with the traceback it came with, however often it is
+    raised: raising the same object again would add the frames of every raise to it.
+    A task's own exception carries the note ``(raised by task 'KEY' on worker 'W', try
+    N of M)`` (:func:`_raised_note`), once."""
     upd = watch.update
     err = _error_of(upd)
     if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
@@ -1540,7 +1560,8 @@ def _task_error(watch: _KeyWatch, *, root_errors: bool) -> BaseException:
     # keys.
     if isinstance(upd, KeyErred) and not isinstance(err, CorralError):
         _note(err, _raised_note(upd))
-    return err
+    tb = next((t for e, t in watch.arrived if e is err), err.__traceback__)
+    return err.with_traceback(tb)
 
 
 def _raised_note(upd: KeyErred) -> str:

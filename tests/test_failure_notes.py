@@ -1,27 +1,40 @@
 """A task's own exception, as the client raises it, says which task raised it, on which
-worker and in which try.
+worker and in which try; and raising it again does not make its traceback longer.
 
 A user audit (why do my tasks fail?) found that ``await cluster.gather(futs)`` over 50
 tasks, one raising, gave the bare ``ValueError`` (no task, no worker, no try: only
-``compute``/``get`` added a note naming the task), and ``await fut`` the same. Now every
-task's own exception carries the note ``(raised by task 'KEY' on worker 'W', try N of
-M)``, once.
+``compute``/``get`` added a note naming the task), and ``await fut`` the same; and that
+each ``await`` of the same failed future made its traceback some 10 lines longer (the
+same object raised again: ``raise err`` adds the frames of every raise to its
+``__traceback__``), as did the futures sharing one ``GraphNotLoadable`` (46 to 101
+lines). Now every task's own exception carries the note ``(raised by task 'KEY' on
+worker 'W', try N of M)``, once, and every failure is raised with the traceback it came
+with.
 
-An embedded cluster and a client connected over the codec (``tests.helpers.nodes``, in
-this process); every wait is bounded.
+An embedded cluster, a client connected over the codec (``tests.helpers.nodes``, in
+this process) and a real manager process on 127.0.0.1 (port 62100); every wait is
+bounded.
 """
 
 from __future__ import annotations
 
 import re
+import traceback
+from pathlib import Path
+from types import ModuleType
 
 import anyio
 import pytest
 
 from runtime import Cluster
-from runtime.errors import DependencyFailed
+from runtime.errors import DependencyFailed, GraphNotLoadable
+from tests.helpers import Cli
+from tests.test_not_importable import labops
 
-LIMIT = 60  # seconds for a cluster to start
+__all__ = ["labops"]  # the fixture, used by name
+
+LIMIT = 60  # seconds for a cluster (or a manager process) to start
+PORT = 62100  # the manager process's port (this file's range: 62100-62119)
 
 
 def load(i: int) -> int:
@@ -36,6 +49,11 @@ def boom() -> None:
 
 def plus_one(x: int) -> int:
     return x + 1
+
+
+def lines(err: BaseException) -> int:
+    """How long ``err``'s traceback prints (now: raising it again changes it)."""
+    return len("".join(traceback.format_exception(err)).splitlines())
 
 
 NOTE = re.compile(
@@ -69,27 +87,40 @@ async def check_notes(cluster: Cluster) -> None:
     assert [note["worker"]] == await ran_on(cluster, futs[37].key)
 
     # Retried twice: the third try's error, "try 3 of 3", noted once however often
-    # raised (and as exception() returns it).
+    # raised, its traceback as long each time (and exception() gives it back as it
+    # came: shorter than raised, with no frame of an await).
     f = cluster.submit(boom, retries=2)
-    for _ in range(3):
+    long = set()
+    for _ in range(4):
         with pytest.raises(ValueError, match="boom") as info:
             await f
+        long.add(lines(info.value))
+    assert len(long) == 1, long
     note = note_of(info.value)
     assert (note["key"], note["n"], note["of"]) == (f.key, "3", "3")
     assert note["worker"] == (await ran_on(cluster, f.key))[-1]
-    assert await f.exception() is info.value
+    assert await f.exception() is info.value and lines(info.value) < min(long)
     noted = info.value.__notes__
+    with pytest.raises(ValueError) as info:
+        await cluster.gather([f], root_errors=True)
+    as_root = lines(info.value)
 
-    # Through a dependent: root_errors gives the same exception, noted once; the
-    # DependencyFailed has none (a Corral error names its key in its fields).
+    # Through a dependent submitted after f was raised: root_errors gives the same
+    # exception, noted once, as long as gathering f itself gives it; the
+    # DependencyFailed has no note (a Corral error names its key in its fields), and its
+    # traceback does not grow either.
     g = cluster.submit(plus_one, f)
-    for _ in range(2):
+    roots, deps = set(), set()
+    for _ in range(3):
         with pytest.raises(ValueError) as info:
             await cluster.gather([g], root_errors=True)
         assert info.value.__notes__ == noted
+        roots.add(lines(info.value))
         with pytest.raises(DependencyFailed) as failed:
             await g
         assert not getattr(failed.value, "__notes__", None)
+        deps.add(lines(failed.value))
+    assert roots == {as_root} and len(deps) == 1, (roots, as_root, deps)
 
 
 @pytest.mark.anyio
@@ -106,3 +137,29 @@ async def test_a_connected_clients_task_errors_name_task_worker_and_try() -> Non
     with anyio.fail_after(LIMIT):
         async with nodes(2) as (address, _), Cluster(address) as cluster:
             await check_notes(cluster)
+
+
+@pytest.mark.anyio
+async def test_futures_sharing_one_graph_not_loadable_raise_it_as_long_each_time(
+    labops: ModuleType, tmp_path: Path
+) -> None:
+    """The audit's phase1: three submits in one turn, one of a module the manager
+    cannot import (``labops``, tests/test_not_importable.py); the manager refuses the
+    graph, and the three futures fail with one ``GraphNotLoadable``, whose traceback
+    grew by each ``await`` of any of them."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{PORT}", "--no-monitoring")
+        line = await anyio.to_thread.run_sync(cli.line_with, proc, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        async with Cluster(address) as c:
+            futs = [c.submit(plus_one, 1), c.submit(labops.double, 2), c.submit(plus_one, 3)]
+            raised, long = [], []
+            for _ in range(2):
+                for fut in futs:
+                    with pytest.raises(GraphNotLoadable) as info:
+                        await fut
+                    raised.append(info.value)
+                    long.append(lines(info.value))  # (as long as it is now)
+                    assert not getattr(info.value, "__notes__", None)  # a Corral error
+            assert all(e is raised[0] for e in raised)  # one object for the whole graph
+            assert len(set(long)) == 1, long
