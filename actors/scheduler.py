@@ -91,6 +91,7 @@ from actors.scheduler_records import (
     SchedulerConfig,
     WorkerState,
     disk_stall_parts,
+    error_line,
     lost_worker_text,
     not_run_text,
     placement_stall_parts,
@@ -1390,8 +1391,10 @@ class Scheduler(Actor):
             # the tries made: those ended, and the one under way (a running first try is 1)
             tries = len(ts.tries) + (ts.state == "processing")
             by = client_name(ts.client)
+            ended = ts.state in ("erred", "cancelled") and ts.error is not None
+            why = error_line(ts.error) if ended and ts.error is not None else ""
             out.append(
-                TaskRecord(str(ts.key), ts.state, ts.category, worker, tries, by, ts.spec.pool)
+                TaskRecord(str(ts.key), ts.state, ts.category, worker, tries, by, ts.spec.pool, why)
             )
             if limit and len(out) >= limit:
                 break

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_ERROR_CHAIN",
     "MAX_ERROR_CHARS",
     "MAX_ERROR_FRAMES",
+    "MAX_ERROR_LINE",
     "NOT_RUN",
     "NO_LIMIT",
     "RECENT_WAITS",
@@ -52,6 +53,7 @@ __all__ = [
     "WorkerState",
     "WorkerStateView",
     "dependency_failed_text",
+    "error_line",
     "error_record",
     "lost_worker_text",
     "not_run_text",
@@ -924,6 +926,23 @@ def error_text(error: BaseException) -> str:
         text = "(its text could not be read)"
     output = command_output(error)
     return text if output is None else f"{text}\n{output}"
+
+
+MAX_ERROR_LINE = 200  #: characters kept of an error's one line (:func:`error_line`)
+
+
+def error_line(error: BaseException) -> str:
+    """Why a task failed, in one line: ``Type: the first line of its text`` (``Type``
+    alone for an empty text), at most :data:`MAX_ERROR_LINE` characters (cut with
+    ``...``). What its story's ``retry`` and ``erred`` rows and the console's task
+    listing say (a user's ``__str__`` that raises gives a note instead)."""
+    try:
+        text = str(error)[:MAX_ERROR_CHARS].strip()
+    except Exception:
+        text = "(its text could not be read)"
+    first = text.partition("\n")[0].rstrip()
+    line = f"{error_name(error)}: {first}" if first else error_name(error)
+    return line if len(line) <= MAX_ERROR_LINE else line[: MAX_ERROR_LINE - 3] + "..."
 
 
 def error_types(error: BaseException | None) -> tuple[str, ...]:

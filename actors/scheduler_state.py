@@ -279,6 +279,7 @@ from actors.scheduler_records import (
     TaskStateView,
     WorkerState,
     dependency_failed_text,
+    error_line,
     error_record,
     unsaved_work,
     walltime_loss,
@@ -3333,6 +3334,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if delay:  # held, not ready, until then (_wait_or_queue, _release_retries)
                 ts.retry_at = self._now + delay
                 heapq.heappush(self.retry_held, (ts.retry_at, next(self._seq), ts))
+            if outcome == "error" and error is not None:  # what the try raised
+                reason = f"{reason} ({error_line(error)})"
+            if delay:
                 reason = f"{reason}; retry in {delay:g} s"
             self._log(ts.key, "retry", reason)
             tried_on = self.workers.get(wid)
@@ -3509,8 +3513,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ``not_run`` (``err``'s record), it failed without a try of its own and counts
         in the not-run groups under ``err``'s type; else its latest try is the one that
         failed, whose worker and number its client is told (``TaskState.root``). Erred,
-        then the client and its dependents are told (inputs it alone needed are
-        cancelled as unneeded)."""
+        with ``err``'s line in its story (an ``erred`` row: :func:`error_line`), then
+        the client and its dependents are told (inputs it alone needed are cancelled as
+        unneeded)."""
         ts.error = err
         n = len(ts.tries) - ts.first_try  # (this submission's)
         if not_run is None and n > 0:  # a try of its own failed: the latest
@@ -3520,6 +3525,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if not_run is not None:
             self._not_run(ts, type(err).__name__, not_run)
         self._set(ts, "erred")
+        self._log(ts.key, "erred", error_line(err))  # why, in its story
         self._terminal(ts)
 
     def _terminal(self, ts: TaskState, *, tell: bool = True) -> None:

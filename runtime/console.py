@@ -1619,24 +1619,36 @@ def _batch_error_line(pool: str, err: Mapping[str, Any], paused: bool) -> str:
     return f"pool {pool}: batch system {when}: {err.get('command')}: {err.get('error')}"
 
 
+#: the most characters of its error a task's line shows (``tasks``; the rest: ``story``)
+ERROR_WIDTH = 60
+
+
 def render_tasks(
     records: Sequence[Mapping[str, Any]], limit: int = 0, offset: int = 0
 ) -> RenderableType:
     """The tasks listed (``limit``: the page asked for, 0 the largest; ``offset``: the
     matching tasks skipped before it), with a footer saying which rows these are when
-    there may be more or some were skipped."""
+    there may be more or some were skipped. When some erred or were cancelled, an
+    ``error`` column says why (``Type: first line``, cut to the width)."""
     if not records:
         return Text(f"no tasks match after the first {offset}" if offset else "no tasks match")
     t = Table()
+    errors = any(r.get("error") for r in records)
     for col in ("key", "state", "category", "pool", "worker", "tries", "client"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
     t.columns[4].no_wrap = True
+    if errors:  # its lines cut, not wrapped: the widest column, narrowed first
+        t.add_column("error", max_width=ERROR_WIDTH)
     for r in records:
-        cells = (
-            r["key"], r["state"], r["category"], r.get("pool") or "(any pool)", r["worker"] or "-",
-            r["tries"], r.get("client") or "-",
-        )  # fmt: skip
-        _row(t, *(str(c) for c in cells))
+        cells = [
+            Text(str(c)) for c in (
+                r["key"], r["state"], r["category"], r.get("pool") or "(any pool)",
+                r["worker"] or "-", r["tries"], r.get("client") or "-",
+            )
+        ]  # fmt: skip
+        if errors:
+            cells.append(Text(r.get("error") or "-", no_wrap=True, overflow="ellipsis"))
+        t.add_row(*cells)
     last = offset + len(records)
     if len(records) >= (limit or MAX_LISTING):  # a full page: maybe more after it
         more = f"; --offset {last} shows the next ones, --limit N more at once"

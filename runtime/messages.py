@@ -260,6 +260,10 @@ class TaskRecord(Message):
     tries: int = 0  #: the tries made: those ended, and the one under way while processing
     client: str = ""  #: the name of the client whose submission brought it ("": not known)
     pool: str | None = None  #: the pool it was submitted to (None: any pool)
+    #: why an erred or cancelled task is so: its error's ``Type: first line of its
+    #: text``, at most 200 characters (``actors.scheduler_records.error_line``); ""
+    #: for the others
+    error: str = ""
 
 
 @message()

@@ -420,7 +420,8 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             data = json.loads(await console.run_command("tasks --state processing --json"))
             assert data == [
                 {"key": blocked.key, "state": "processing", "category": "gated",
-                 "worker": worker.id, "tries": 1, "client": "alice", "pool": None}
+                 "worker": worker.id, "tries": 1, "client": "alice", "pool": None,
+                 "error": ""}
             ]  # fmt: skip
             # who submitted: a column, and a filter
             assert len(await console.tasks(client="alice", limit=0)) == len(

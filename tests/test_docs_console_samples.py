@@ -40,6 +40,27 @@ def test_the_tasks_table_sample_is_what_the_console_prints() -> None:
     assert out.getvalue() == table + "\n"
 
 
+def test_the_erred_tasks_sample_is_what_the_console_prints() -> None:
+    """The ``error`` column (audit failures F4: the console could not say why a task
+    failed), each error cut to the width as the console cuts it."""
+    table = sample("tasks --state erred").rstrip("\n")
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[1].strip("┃").split("┃")]
+    assert header[-1] == "error"
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if "│" in line]
+    records = [dict(zip(header, row, strict=True)) for row in rows]
+    for r in records:
+        r["tries"] = int(r["tries"])
+    records[0]["error"] = "ValueError: bad row: negative energy in run 42"
+    records[1]["error"] = (
+        "DependencyFailed: task 'coadd-42' was not run: dependency 'calibrate-42' failed "
+        "(ValueError: bad row: negative energy in run 42"
+    )
+    out = io.StringIO()
+    Console(file=out, width=len(lines[0]), color_system=None).print(render_tasks(records))
+    assert out.getvalue() == table + "\n"
+
+
 def test_the_json_samples_are_what_the_console_prints() -> None:
     erred = sample("tasks --state erred --json")
     records = json.loads(erred)

@@ -84,7 +84,7 @@ def test_a_failed_try_is_held_for_its_backoff_doubled_then_sent_at_its_time(
     assert fails(s, 10.0) == []
     assert held(s) == ("waiting", 1, 0, 0)
     assert [e[2] for e in s.story("a") if e[1] == "retry"] == [
-        "error; retry budget left; retry in 4 s"
+        "error; retry budget left (OSError: storage hiccup); retry in 4 s"
     ]
     assert s.retry_held_by_pool() == {"*": 1} and s.n_queued == 0
     assert run(s, at(Tick, 13.9)) == []  # not yet
@@ -103,9 +103,9 @@ def test_a_failed_try_is_held_for_its_backoff_doubled_then_sent_at_its_time(
     ))  # fmt: skip
     retries = [(e[2], e[4]) for e in s.story("a") if e[1] == "retry"]
     assert retries == [
-        ("error; retry budget left; retry in 4 s", 10.0),
+        ("error; retry budget left (OSError: storage hiccup); retry in 4 s", 10.0),
         ("ready: its backoff is over", 14.0),
-        ("error; retry budget left; retry in 8 s", 20.0),
+        ("error; retry budget left (OSError: storage hiccup); retry in 8 s", 20.0),
         ("ready: its backoff is over", 28.0),
     ]
     # the budget spent: the third failure errs at once, nothing held

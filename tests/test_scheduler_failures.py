@@ -175,9 +175,11 @@ def test_user_retries_are_spent_then_the_task_fails(make_state: Factory) -> None
     assert (ke.worker, ke.attempt, ke.attempts) == ("w1", 3, 3)
     assert [t.outcome for t in ts.tries] == ["error"] * 3
     assert s.stats["a"].errors == 3
-    assert [e[2] for e in s.story("a") if e[1] == "retry"] == [
-        "error; retry budget left",
-        "error; retry budget left",
+    # Why, in its story: each retry's row and the erred note say what was raised.
+    assert [e[1:3] for e in s.story("a") if e[1] in ("retry", "erred")] == [
+        ("retry", "error; retry budget left (ValueError: try 1)"),
+        ("retry", "error; retry budget left (ValueError: try 2)"),
+        ("erred", "ValueError: try 3"),
     ]
 
 
