@@ -77,6 +77,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import faulthandler
 import inspect
 import math
 import multiprocessing
@@ -132,6 +133,7 @@ __all__ = [
     "kill_task_processes",
     "no_space",
     "out_of_disk",
+    "print_stacks_on_crash",
     "program_rss",
     "rss",
     "rss_of",
@@ -185,6 +187,17 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 128 * 2**10
 #: free memory at the top of the heap past this many bytes goes back to the OS at once
 TRIM_THRESHOLD = 64 * 2**10
+
+
+def print_stacks_on_crash() -> bool:
+    """Have a fatal signal (a segfault in compiled code a task calls, an abort) print the
+    Python stack of every thread of this process to its stderr before it dies
+    (:mod:`faulthandler`): a worker process, or a task process, that a task crashes
+    leaves the task's frames behind, not only the shell's ``Segmentation fault``.
+    Whether it is on (not when this process has no stderr to write to)."""
+    with contextlib.suppress(RuntimeError, ValueError, OSError, AttributeError):
+        faulthandler.enable(all_threads=True)
+    return faulthandler.is_enabled()
 
 
 def give_back_freed_memory() -> bool:
@@ -1497,6 +1510,7 @@ def _task_process_main(
     for name in SECRET_VARIABLES:  # the worker's token is none of its tasks' business
         os.environ.pop(name, None)
     give_back_freed_memory()  # what its tasks free leaves it (its idle RSS is the floor)
+    print_stacks_on_crash()  # a task's segfault prints its stack to the worker's stderr
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the worker's process group, not ours (our session

@@ -1287,11 +1287,16 @@ def _run_worker(
 ) -> None:
     import anyio
 
-    from actors.executor import give_back_freed_memory, stop_resource_tracker
+    from actors.executor import (
+        give_back_freed_memory,
+        print_stacks_on_crash,
+        stop_resource_tracker,
+    )
     from runtime.client import parse_bytes
     from runtime.node import RECONNECT, run_worker
 
     give_back_freed_memory()  # outputs spilled or sent leave its RSS (docs/memory.md)
+    print_stacks_on_crash()  # a task's segfault (thread execution) prints the task's stack
     try:
         anyio.run(
             lambda: run_worker(
