@@ -467,7 +467,11 @@ def test_an_oom_try_is_not_retried_on_a_smaller_or_equal_worker_it_fails_at_once
         ". Not retried: a retry goes only" in str(err)
     )
     assert s.tasks["hog-0"].state == "erred"
-    assert s.story("hog-0")[-2][1:3] == ("oom", "not retried: " + err.nowhere)
+    assert [e[1:3] for e in s.story("hog-0")[-3:]] == [
+        ("oom", "not retried: " + err.nowhere),
+        ("processing", "erred"),
+        ("erred", f"TaskOutOfMemory: {err}"[:197] + "..."),  # (its line, cut at 200)
+    ]
 
 
 def test_an_oom_try_that_shared_its_worker_is_retried_on_one_as_large(
