@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
@@ -1562,6 +1563,28 @@ def _task_error(watch: _KeyWatch, *, root_errors: bool) -> BaseException:
         _note(err, _raised_note(upd))
     tb = next((t for e, t in watch.arrived if e is err), err.__traceback__)
     return err.with_traceback(tb)
+
+
+def _raised_copy(err: BaseException) -> BaseException:
+    """A copy of ``err`` to raise, with its notes, cause, context and traceback: the
+    frames a raise adds go on the copy, not on the error the client keeps for the key.
+    Raised itself, the kept error's traceback held the awaiting frames, and with them
+    their futures (``fut = submit(...)``; ``await fut`` in a ``try``): the futures were
+    never let go, their keys held on the cluster for as long as the client ran (an
+    asyncio service's audit: 2,000 failed requests, 2,000 keys held). ``err`` itself when
+    its type cannot be made again from its ``args`` (a constructor of its own)."""
+    try:
+        new = copy.copy(err)
+    except Exception:
+        return err
+    if type(new) is not type(err) or new.args != err.args:
+        return err
+    notes = getattr(err, "__notes__", None)
+    if notes is not None:  # (one rebuilt from its fields by its __reduce__ lacks them)
+        new.__notes__ = list(notes)
+    new.__cause__, new.__context__ = err.__cause__, err.__context__
+    new.__suppress_context__ = err.__suppress_context__
+    return new.with_traceback(err.__traceback__)
 
 
 def _raised_note(upd: KeyErred) -> str:
@@ -3313,7 +3336,7 @@ class Cluster:
                 watch = client.watches.get(failed)
                 if watch is None:  # its last Future was released while we waited
                     raise released_error(failed, "awaited or gathered")
-                raise _task_error(watch, root_errors=root_errors)
+                raise _raised_copy(_task_error(watch, root_errors=root_errors))
             # what this try goes by (None: released meanwhile; the next wait says so)
             seen = {k: w.update if (w := client.watches.get(k)) else None for k in remaining}
             missing, again = await self._fetch(remaining, values)
