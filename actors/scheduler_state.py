@@ -4309,6 +4309,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         free = [w for w in candidates if w.pool not in waiting]
         return free or candidates
 
+    def _any_pool_workers(self) -> dict[str, WorkerState]:
+        """The workers that may run tasks of no pool (``_runs_on(None, w)``): every
+        worker but those of a reserved pool (``SchedulerConfig.reserved_pools``)."""
+        if not self.config.reserved_pools:
+            return self.workers
+        return {w.id: w for w in self.workers.values() if self._runs_on(None, w)}
+
     def _runs_on(self, pool: str | None, ws: WorkerState) -> bool:
         """A task of ``pool`` may run on ``ws``: one of its pool, or for a task of no
         pool (None) any worker whose pool is not reserved (``any_pool_tasks = false``:
@@ -5297,15 +5304,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         the pool waiting, for ``stall_timeout``, fails those tasks with
         :class:`~runtime.errors.MemoryStalled`, unless a task running
         or ready elsewhere reads an output held there (``_read_elsewhere``: then its
-        clock starts again); the other pools run on. ``"*"`` (the tasks of any pool, which
-        any worker may run) only when every worker is throttled, and then every task
-        still to run fails. O(pools) per event: a pool's workers are looked at only
-        while every one of them is throttled, the running and ready tasks only when its
-        clock runs out, its tasks only when it fails."""
+        clock starts again); the other pools run on. ``"*"`` (the tasks of no pool, which
+        any worker but a reserved pool's may run) only when every such worker is
+        throttled (an idle worker of a reserved pool cannot run them), and then every
+        task still to run but a reserved pool's fails. O(pools) per event: a pool's
+        workers are looked at only while every one of them is throttled, the running
+        and ready tasks only when its clock runs out, its tasks only when it fails."""
         stalled = self.stalled_since
         keys = [p for p, n in self.throttled_in.items() if n >= len(self.pool_members.get(p, ()))]
-        if self.throttled and len(self.throttled) >= len(self.workers):
-            keys.insert(0, ANY_POOL)  # first: it fails every task, its pools' among them
+        runs = self._any_pool_workers() if self.throttled else {}
+        if runs and len(self.throttled) >= len(runs) and all(w in self.throttled for w in runs):
+            keys.insert(0, ANY_POOL)  # first: it fails every task it may run
         for key in [k for k in stalled if k not in keys]:
             del stalled[key]
         for key in keys:
@@ -5339,15 +5348,16 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
-        workers = self.workers if pool is None else self.pool_members.get(pool, {})
+        workers = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         if any(ws.away is not None for ws in workers.values()):
             return "a worker is away"
         if any(ws.began for ws in workers.values()):
             return "a try executes"
         if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
             return "a consumer runs"
+        reserved = self.config.reserved_pools
         for q, heap in self.queues.items():
-            if q[1] or (pool is not None and q[0] not in (pool, None)):
+            if q[1] or (pool is not None and q[0] not in (pool, None)) or q[0] in reserved:
                 continue
             while heap and not _live(heap[0], False):
                 heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
@@ -5424,11 +5434,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ``"*"``) fail with :class:`~runtime.errors.MemoryStalled`, with the account of
         its workers. One pass over the tasks, made only when a stall is declared."""
         pool = pool_of_key(key)
-        members = self.workers if pool is None else self.pool_members.get(pool, {})
+        members = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         workers = list(members.values())
+        reserved = self.config.reserved_pools
         active = [
             ts for ts in self.tasks.values()
-            if ts.state in ACTIVE and (pool is None or ts.spec.pool == pool)
+            if ts.state in ACTIVE
+            and (ts.spec.pool == pool if pool is not None else ts.spec.pool not in reserved)
         ]  # fmt: skip
         holding = self._holding(None if pool is None else set(members), files=False)
         producers = [ts for ts in active if ts.producer]

@@ -187,6 +187,31 @@ def test_tasks_of_any_pool_stall_only_when_every_worker_is_throttled(
     assert not s.stalled_since
 
 
+def test_a_reserved_pools_worker_does_not_hold_off_the_stall_of_tasks_of_no_pool(
+    make_state: Factory,
+) -> None:
+    """A worker of a reserved pool (``any_pool_tasks = false``) never runs a task of no
+    pool, so it does not keep their watchdog off: the only worker that may run them
+    throttled, they fail with ``MemoryStalled`` (before: the idle gpu worker kept
+    ``"*"`` off and they waited for ever, review 1207b F1); the reserved pool's own
+    task runs on and is not failed."""
+    s = make_state(saturation=1.0, stall_timeout=5.0, reserved_pools=frozenset({"gpu"}))
+    join(s, "w1", pool="cpu")
+    join(s, "g1", pool="gpu")
+    submit(s, {"render": ()}, ["render"], pool="gpu")
+    submit(s, dict.fromkeys(FRAMES, ()), FRAMES)
+    assert on(s, "g1") == {"render"}
+    (first,) = on(s, "w1")
+    finish(s, "w1", first, nbytes=300 * MB)
+    memory(s, "w1", 100.0)
+    assert s.stalled_since == {"*": 100.0}
+    errors = of(tick(s, 105.0), KeyErred)
+    assert {e.key for e in errors} == set(FRAMES) - {first}
+    err = errors[0].error
+    assert isinstance(err, MemoryStalled) and err.pool is None and err.workers == 1
+    assert s.tasks["render"].state == "processing"
+
+
 def test_the_placement_watchdog_leaves_a_pool_throttled_for_memory_to_memory_stalled(
     make_state: Factory,
 ) -> None:
