@@ -4192,11 +4192,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Give ready tasks to workers with free slots, best priority first.
 
         The heads of the heaps compete; under memory pressure (when the memory policy
-        yields) a producer head ranks after every consumer head. A head of a pool ranks
-        before every head of no pool (a free worker runs its own pool's ready tasks
-        before those any pool may run), and a task of no pool goes to a worker whose
-        pool has no ready task of its own first (``_own_first``), never to one of a
-        reserved pool (``SchedulerConfig.reserved_pools``)."""
+        yields) a producer head ranks after every consumer head; then a retry queued behind
+        fresh work after the rest, then the user's ``priority=``; among equals a head of a
+        pool ranks before a head of no pool (a free worker runs its own pool's ready
+        tasks before those any pool may run; never over a higher ``priority=``, which
+        would starve a task of no pool behind a pool's stream), and a task of no pool
+        goes to a worker whose pool has no ready task of its own first (``_own_first``),
+        never to one of a reserved pool (``SchedulerConfig.reserved_pools``)."""
         parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
         yields = self._yields()
         reserved = self.config.reserved_pools
@@ -4220,7 +4222,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 if not heap:
                     continue
                 pool, producer = q
-                rank = (producer and yields, pool is None, heap[0])
+                head = heap[0]  # (behind, prio, seq, ts): _enqueue
+                rank = (producer and yields, head[0], -head[3].spec.priority, pool is None, head)
                 if best is not None and rank >= best:
                     continue
                 no_free_worker = not self.free or (

@@ -1,8 +1,9 @@
 """Tasks of no pool (``pool=`` not given) and a pool's own work (user audit "pools",
-findings 1 and 2): a free worker runs a ready task of its own pool before any task of
-no pool, and a task of no pool goes first to a worker whose pool has no ready task of
-its own; a pool with ``any_pool_tasks = false`` never gets a task of no pool, and its
-autoscaler demand leaves them out. Pure cores: events in, exact commands out.
+findings 1 and 2): a free worker runs a ready task of its own pool before a task of
+no pool of the same ``priority=`` (a higher one goes first, review 1207b F2), and a
+task of no pool goes first to a worker whose pool has no ready task of its own; a
+pool with ``any_pool_tasks = false`` never gets a task of no pool, and its autoscaler
+demand leaves them out. Pure cores: events in, exact commands out.
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def test_a_free_gpu_worker_runs_the_gpu_task_before_an_earlier_task_of_no_pool(
     (on_gpu,) = got["gpu-1"]
     assert assigned(submit(s, {"train": []}, ["train"], pool="gpu")) == {}  # all busy
     assert assigned(finish(s, "gpu-1", on_gpu)) == {"gpu-1": ["train"]}
+
+
+def test_a_higher_priority_task_of_no_pool_goes_before_a_pools_stream(
+    make_state: Factory,
+) -> None:
+    """The pool rule breaks ties only: with one pool, a ``priority=100`` task of no pool
+    runs at the next free slot, not after a stream of the pool's ``priority=-10``
+    tasks (before: it waited for as long as the stream lasted, review 1207b F2); at
+    equal priority the pool's own task goes first (the test above)."""
+    s = make_state(**SHORT)
+    join(s, "w1", pool="cpu")
+    bulk = {f"bulk-{i}": [] for i in range(3)}
+    assert assigned(submit(s, bulk, list(bulk), pool="cpu", priority=-10)) == {"w1": ["bulk-0"]}
+    assert assigned(submit(s, {"urgent": []}, ["urgent"], priority=100)) == {}
+    assert assigned(submit(s, {"bulk-3": []}, ["bulk-3"], pool="cpu", priority=-10)) == {}
+    assert assigned(finish(s, "w1", "bulk-0")) == {"w1": ["urgent"]}
+    assert assigned(finish(s, "w1", "urgent")) == {"w1": ["bulk-1"]}
 
 
 def test_a_task_of_no_pool_goes_first_to_a_worker_whose_pool_has_none_waiting(
