@@ -453,6 +453,7 @@ class TaskState:
         "unneeded",
         "unreachable",
         "unreachable_since",
+        "unreadable",
         "wait_said",
         "waiting_deps",
         "waiting_on",
@@ -553,6 +554,9 @@ class TaskState:
         #: the failure groups its failed tries count in (None: none), each once: a
         #: group counts its tasks and, as they err, those that erred
         self.failed_in: list[FailureGroup] | None = None
+        #: its output was found not to pickle and counted as a failed try (once per
+        #: output: a later gather of it is the same failure); cleared when it is made anew
+        self.unreadable = False
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
         #: the task whose failure it is (itself, or a dependency's), as the client is
         #: told (``KeyErred``'s last five fields): ``(key, its exception, the worker of

@@ -3129,6 +3129,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ):
             self._flipped.add(category)
         self._set(ts, "memory")
+        ts.unreadable = False  # a new output: it may pickle
         self._add_replica(ts, ws)
         inputs = self._inputs_remake(ts) if ts.deps else 0.0
         ts.remake = duration + inputs
@@ -4793,15 +4794,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         everywhere but that worker's log). Its try ended ok and the output stays, but
         what asked for it failed: counted as a failed try of the task (outcome
         ``error``, cause ``ResultNotPicklable``) in its failure group, its story and the
-        feed (the database's try and task), once while the task is in that group (a
-        second gather of it is the same failure)."""
+        feed (the database's try and task), once per output (``TaskState.unreadable``: a
+        second gather of it is the same failure, also once the failure groups are full
+        and it is filed under ``(other)``)."""
         ts = self.tasks.get(ev.key)
-        if ts is None:
+        if ts is None or ts.unreadable:
             return
+        ts.unreadable = True
         cause = "ResultNotPicklable"
-        group = self.failure_groups.get((ts.spec.category, cause))
-        if group is not None and ts.failed_in is not None and group in ts.failed_in:
-            return
         error = ResultNotPicklable(str(ev.key), ev.reason, ev.worker, ev.to)
         record = error_record(error)
         self._failed_try(ts, "error", cause, error, ev.worker, record)

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
+from actors import scheduler_state
 from actors.scheduler import _failure_groups
 from actors.scheduler_events import OutputUnreadable
 from runtime import Cluster
@@ -93,6 +94,27 @@ def test_an_output_its_worker_cannot_pickle_is_the_task_s_failure(make_state: Fa
     ((_, _, (update,)),) = [op for op in rows.ops if op[1] is _UNREADABLE]
     assert update[:3] == ("ResultNotPicklable", "ResultNotPicklable", said)
     assert update[4:] == (recorder.run_id, "conn-0", "w1")
+
+
+def test_an_unreadable_output_counts_once_when_the_failure_groups_are_full(
+    make_state: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the failure groups are full (``MAX_FAILURE_GROUPS``, here 1 for 1,000) the
+    failure is filed under ``(other)``; five gathers of the one output still count one
+    failed try (before: five, the de-duplication looked the group up by its cause,
+    review 1207b F5). Made anew, the output's next failure counts again."""
+    monkeypatch.setattr(scheduler_state, "MAX_FAILURE_GROUPS", 1)
+    s = make_state(monitor=True)
+    join(s, "w1")
+    submit(s, {"boom-0": []}, ["boom-0"], retries=0)
+    finish(s, "w1", "boom-0", "error", error=ValueError("x"))  # fills the one group
+    submit(s, {"conn-0": []}, ["conn-0"])
+    finish(s, "w1", "conn-0")
+    for _ in range(5):
+        run(s, event(OutputUnreadable, worker="w1", key="conn-0", reason=REASON, to=TO))
+    assert s.failure_counts()[("conn", "error", "ResultNotPicklable")] == 1
+    other = s.failure_groups[("(other)", "(other)")]
+    assert (other.n, other.tasks) == (1, 1)
 
 
 @pytest.mark.anyio
