@@ -258,7 +258,7 @@ class DiskPlacement(CorePart):
         ``_fill`` took off its heap, first in priority."""
         idle = [
             w for w in self.free.values()
-            if w.disk and not w.processing and (pool is None or w.pool == pool)
+            if w.disk and not w.processing and self._runs_on(pool, w)
         ]  # fmt: skip
         picks: dict[str, tuple[TaskState, int]] = {}
         if not idle:
@@ -392,10 +392,7 @@ class DiskPlacement(CorePart):
         cannot be met by waiting. ``(None, 0, 0)`` while some worker of the pool runs
         a task (it may free disk) or some worker has the room."""
         pool = ts.spec.pool
-        workers = [
-            w for w in self.workers.values()
-            if not w.draining and (pool is None or w.pool == pool)
-        ]  # fmt: skip
+        workers = self._pool_workers(pool)
         if any(w.processing for w in workers):
             return None, 0, 0
         least: tuple[int, int] | None = None  # (need, of which held)
@@ -660,7 +657,7 @@ class DiskPlacement(CorePart):
         """The workers of ``pool`` with a disk limit, not draining."""
         return [
             w for w in self.workers.values()
-            if w.disk and not w.draining and (pool is None or w.pool == pool)
+            if w.disk and not w.draining and self._runs_on(pool, w)
         ]  # fmt: skip
 
     def _droppable(self, d: TaskState) -> bool:

@@ -1075,22 +1075,20 @@ def walltime_loss(
     ts: TaskState, ws: WorkerState, workers: Iterable[WorkerState], drain: float, now: float
 ) -> WalltimeLoss | None:
     """How ``ts``'s try on ``ws``, lost to ``ws``'s walltime at ``now``, stands against
-    the walltime of the workers that could run it (those of its pool; any worker for a
-    task of no pool): None when that is not known (``ws`` did not say how long it had
-    executed it, or has no deadline) or no wall (one of those ``workers`` has no
-    walltime: it could give the task longer). ``walltime``: the longest life, from
-    joining to its deadline, of ``ws`` and ``workers``; ``drain``: ``ws``'s drain
-    margin."""
+    the walltime of ``workers``, those that could run it (those of its pool; for a task
+    of no pool every worker but a reserved pool's: ``_runs_on``): None when that is not
+    known (``ws`` did not say how long it had executed it, or has no deadline) or no
+    wall (one of those ``workers`` has no walltime: it could give the task longer).
+    ``walltime``: the longest life, from joining to its deadline, of ``ws`` and
+    ``workers``; ``drain``: ``ws``'s drain margin."""
     began = ws.executed.get(str(ts.key))
     if began is None or ws.deadline is None:
         return None
-    pool = ts.spec.pool
     life = ws.deadline - ws.joined
     for w in workers:
-        if pool is None or w.pool == pool:
-            if w.deadline is None:
-                return None
-            life = max(life, w.deadline - w.joined)
+        if w.deadline is None:
+            return None
+        life = max(life, w.deadline - w.joined)
     return WalltimeLoss(max(0.0, now - began), life, drain, ws.pool)
 
 

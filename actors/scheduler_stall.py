@@ -81,13 +81,16 @@ class CorePart:
 
         def _log(self, key: Any, start: str, finish: str) -> None: ...
 
+    def _runs_on(self, pool: str | None, ws: WorkerState) -> bool:
+        """A task of ``pool`` may run on ``ws``: one of its pool, or for a task of no
+        pool (None) any worker whose pool is not reserved (``any_pool_tasks = false``:
+        ``SchedulerConfig.reserved_pools``)."""
+        return ws.pool == pool if pool is not None else ws.pool not in self.config.reserved_pools
+
     def _pool_workers(self, pool: str | None) -> list[WorkerState]:
-        """The workers that may run tasks of ``pool`` (None: any pool), not draining:
-        those of the pool, or every one."""
-        return [
-            ws for ws in self.workers.values()
-            if not ws.draining and (pool is None or ws.pool == pool)
-        ]  # fmt: skip
+        """The workers that may run tasks of ``pool`` (None: no pool), not draining:
+        those of the pool, or every one but a reserved pool's (``_runs_on``)."""
+        return [ws for ws in self.workers.values() if not ws.draining and self._runs_on(pool, ws)]
 
 
 class PlacementWatch(CorePart):
@@ -102,7 +105,6 @@ class PlacementWatch(CorePart):
 
         def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
         def spent(self, ws: WorkerState) -> bool: ...
-        def _runs_on(self, pool: str | None, ws: WorkerState) -> bool: ...
         def _copy_off(self, ws: WorkerState, keys: set[TaskState], *, to: WorkerState) -> None: ...
 
     def _init_placement_watch(self) -> None:

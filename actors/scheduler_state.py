@@ -2618,7 +2618,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         story says how long it ran."""
         if ts.key in self.checkpoints:
             return None
-        loss = walltime_loss(ts, ws, self.workers.values(), self._drain_margin(ws, {}), self._now)
+        could = [w for w in self.workers.values() if self._runs_on(ts.spec.pool, w)]
+        loss = walltime_loss(ts, ws, could, self._drain_margin(ws, {}), self._now)
         if loss is None:
             return None
         self._log(
@@ -2901,7 +2902,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _no_larger_worker(self, ts: TaskState, pool: str | None) -> bool:
         """``ts`` was killed for memory (``ts.ooms``): its next try goes only to a
-        worker of ``pool`` (any, for None) whose limit passes ``ts.oom_floor``
+        worker of ``pool`` (for None, any but a reserved pool's) whose limit passes ``ts.oom_floor``
         (``TaskState.oom_fits``). It waits for one (False) while one takes new tasks there (busy
         or not), a configured pool it may run in gives its workers more (the autoscaler
         may start one), or no worker of its pool is there and none is known to come
@@ -2911,7 +2912,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if largest is not None and ts.oom_fits(largest):
             return False
         shapes = self.config.pool_memory
-        if any(ts.oom_fits(m) for p, m in shapes.items() if pool is None or p == pool):
+        reserved = self.config.reserved_pools  # (their workers never run a task of no pool)
+        if any(
+            ts.oom_fits(m)
+            for p, m in shapes.items()
+            if (p == pool if pool is not None else p not in reserved)
+        ):
             return False
         if largest is None:
             if pool is None or pool not in shapes:
@@ -2945,19 +2951,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         where it fell (or a pool got its first worker, or lost its last), check every
         task not placed: for memory admission, and a retry after a kill for memory for a
         larger worker (``_no_larger_worker``)."""
-        largest: dict[str | None, float] = {}
-        for ws in self.workers.values():
-            if ws.draining:
-                continue  # takes no new task
-            limit = float(ws.memory) if ws.memory > 0 else NO_LIMIT
-            if limit > largest.get(ws.pool, -1.0):
-                largest[ws.pool] = limit
-            if limit > largest.get(None, -1.0):
-                largest[None] = limit
+        reserved = self.config.reserved_pools
+        largest = _largest_per_pool(self.workers.values(), "memory", reserved)
         before, self.largest = self.largest, largest
         self._floor = min(largest.values(), default=NO_LIMIT)
-        self.largest_disk = _largest_per_pool(self.workers.values(), "disk")
-        self.largest_cores = _largest_per_pool(self.workers.values(), "cores")
+        self.largest_disk = _largest_per_pool(self.workers.values(), "disk", reserved)
+        self.largest_cores = _largest_per_pool(self.workers.values(), "cores", reserved)
         fell = any(limit < before.get(pool, NO_LIMIT) for pool, limit in largest.items())
         if not fell and before.keys() <= largest.keys():
             return
@@ -4319,12 +4318,6 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if not self.config.reserved_pools:
             return self.workers
         return {w.id: w for w in self.workers.values() if self._runs_on(None, w)}
-
-    def _runs_on(self, pool: str | None, ws: WorkerState) -> bool:
-        """A task of ``pool`` may run on ``ws``: one of its pool, or for a task of no
-        pool (None) any worker whose pool is not reserved (``any_pool_tasks = false``:
-        ``SchedulerConfig.reserved_pools``)."""
-        return ws.pool == pool if pool is not None else ws.pool not in self.config.reserved_pools
 
     def _rise(self, ts: TaskState) -> int:
         """How much ``ts`` is expected to raise its worker's RSS while it runs: its
@@ -5763,11 +5756,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             assert ts.state == "memory", (ts, "failed copies of an output not in memory")
         for key, targets in self.copying.items():
             assert targets and targets.keys() <= self.workers.keys(), (key, "copying", targets)
-        largest = _largest_per_pool(self.workers.values(), "memory")
+        apart = self.config.reserved_pools
+        largest = _largest_per_pool(self.workers.values(), "memory", apart)
         assert self.largest == largest, (self.largest, largest)
-        disks = _largest_per_pool(self.workers.values(), "disk")
+        disks = _largest_per_pool(self.workers.values(), "disk", apart)
         assert self.largest_disk == disks, (self.largest_disk, disks)
-        cores = _largest_per_pool(self.workers.values(), "cores")
+        cores = _largest_per_pool(self.workers.values(), "cores", apart)
         assert self.largest_cores == cores, (self.largest_cores, cores)
         for ts in self.disk_measured:
             assert self.tasks.get(ts.key) is ts, (ts, "a measured output of a forgotten task")
@@ -5790,17 +5784,21 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
 
 def _largest_per_pool(
-    workers: Iterable[WorkerState], limit: Literal["memory", "disk", "cores"]
+    workers: Iterable[WorkerState],
+    limit: Literal["memory", "disk", "cores"],
+    reserved: frozenset[str] = frozenset(),
 ) -> dict[str | None, float]:
     """The largest ``limit`` (memory, disk or cores; 0 is no limit: ``inf``) among ``workers``
-    that take new tasks (not draining), per pool and over every pool (``None``)."""
+    that take new tasks (not draining), per pool and, for the tasks of no pool
+    (``None``), over every pool but the ``reserved`` ones (``any_pool_tasks = false``)."""
     largest: dict[str | None, float] = {}
     for ws in workers:
         if not ws.draining:
             n = getattr(ws, limit)
             value = float(n) if n > 0 else NO_LIMIT
             largest[ws.pool] = max(largest.get(ws.pool, 0.0), value)
-            largest[None] = max(largest.get(None, 0.0), value)
+            if ws.pool not in reserved:
+                largest[None] = max(largest.get(None, 0.0), value)
     return largest
 
 

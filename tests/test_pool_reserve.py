@@ -16,6 +16,7 @@ import policies
 from actors.autoscaler_state import AutoscalerConfig, AutoscalerState, QueuesSeen, StartBlock
 from actors.autoscaler_state import TargetSet as PoolTarget
 from actors.pools import pools_from_dicts
+from actors.scheduler_events import KeyErred
 from policies.scaling import PoolLimits
 from runtime.errors import PoolConfigError
 from runtime.preflight import WARN, check_any_pool
@@ -108,6 +109,30 @@ def test_a_reserved_pool_never_runs_a_task_of_no_pool(make_state: Factory) -> No
 def _limits(**kw: Any) -> PoolLimits:
     base: dict[str, Any] = dict(min_blocks=0, max_blocks=2, init_blocks=0, slots_per_block=1)
     return PoolLimits(**{**base, **kw})
+
+
+def test_a_task_of_no_pool_killed_for_memory_fails_when_only_a_reserved_worker_is_larger(
+    make_state: Factory,
+) -> None:
+    """``hog-0`` (no pool) is killed for memory on the 1 GiB cpu worker; the only larger
+    workers are of the reserved gpu pool, which never run it: it fails now with
+    ``TaskOutOfMemory`` (before: it waited for ever, the gpu workers counted as larger,
+    review 1207b F4). Not reserved, the gpu pool's workers are where its retry goes."""
+    for reserved, failed in ((frozenset(), False), (frozenset({"gpu"}), True)):
+        s = make_state(reserved_pools=reserved)
+        join(s, "cpu-1", cores=2, memory=GB, pool="cpu")
+        join(s, "gpu-1", cores=2, memory=4 * GB, pool="gpu")
+        gpu = {f"g{i}": [] for i in range(4)}  # the gpu workers busy with their own
+        submit(s, gpu, list(gpu), pool="gpu")
+        assert assigned(submit(s, {"hog-0": []}, ["hog-0"])) == {"cpu-1": ["hog-0"]}
+        out = finish(s, "cpu-1", "hog-0", "oom", rss=int(0.95 * GB), rss_peak=int(0.95 * GB))
+        erred = [c for c in out if isinstance(c, KeyErred)]
+        assert [(c.key, type(c.error).__name__) for c in erred] == (
+            [("hog-0", "TaskOutOfMemory")] if failed else []
+        )
+        assert s.tasks["hog-0"].state == ("erred" if failed else "queued")
+        if failed:
+            assert "the largest worker that takes tasks has" in str(erred[0].error)
 
 
 def test_a_reserved_pools_demand_leaves_out_the_tasks_of_no_pool() -> None:
