@@ -306,6 +306,7 @@ class Manager(Actor):
         max_run_keys: int = MAX_RUN_KEYS,
         monitor: Callable[[], ActorRef[Any] | None] = lambda: None,
         pools: Mapping[str, PoolShape] | None = None,
+        reserved: frozenset[str] = frozenset(),
         sizing: str = "",
         closed: str = "",
         fallback: Mapping[str, str] | None = None,
@@ -318,6 +319,9 @@ class Manager(Actor):
         #: embedded cluster's one pool's: a task of one of them asking for more than its
         #: workers have is refused at submit
         self.pools: dict[str, PoolShape] = dict(pools or {})
+        #: the pools that never run a task of no pool (``any_pool_tasks = false``): left
+        #: out of the shapes a task of no pool is checked against
+        self.reserved = reserved
         #: where the shapes' settings are given: "" for configured pools
         #: (``[pools.NAME]``), else an embedded cluster's arguments (``"Cluster(...)"``),
         #: whose one pool ``pools`` holds while no pool is configured
@@ -401,7 +405,7 @@ class Manager(Actor):
         # that are not configured: the client is told of those no worker has joined
         # (a task of no pool that no configured pool's worker could run: the client is
         # told, once no connected worker has enough either)
-        fit = check_pool_fit(specs.values(), self.pools, self.sizing)
+        fit = check_pool_fit(specs.values(), self.pools, self.sizing, self.reserved)
         if fit.unconfigured and self.closed:
             raise self._never_served(fit.unconfigured[0])
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))

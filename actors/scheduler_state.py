@@ -977,13 +977,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         return tuple(sorted(wanted))
 
     def short_workers(self, asks: Iterable[tuple[str, float]]) -> str:
-        """ "": a worker connected now that takes new tasks (not draining) has at least
-        each of ``asks`` (``(resource, amount)``, cores and memory; a memory limit of 0
-        is none); else what they have, in words (none connected: says so)."""
+        """ "": a worker connected now that takes new tasks of no pool (not draining, not
+        of a reserved pool: ``_runs_on``) has at least each of ``asks`` (``(resource,
+        amount)``, cores and memory; a memory limit of 0 is none); else what they have,
+        in words (none connected: says so)."""
         asks = tuple(asks)
         most: dict[str, float] = {}
         for ws in self.workers.values():
-            if ws.draining:
+            if ws.draining or not self._runs_on(None, ws):
                 continue
             values = {"cores": float(ws.cores), "memory": float(ws.memory) or NO_LIMIT}
             if all(values[r] >= a for r, a in asks):

@@ -1118,7 +1118,10 @@ class PoolFit(NamedTuple):
 
 
 def check_pool_fit(
-    specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape], where: str = ""
+    specs: Iterable[TaskSpec],
+    shapes: Mapping[str, PoolShape],
+    where: str = "",
+    reserved: Container[str] = (),
 ) -> PoolFit:
     """Refuse a submission one of whose tasks names a configured pool (one of
     ``shapes``) and asks for more of a resource than every worker of that pool has by
@@ -1138,13 +1141,16 @@ def check_pool_fit(
     named): a misspelt pool's tasks wait for a worker of it, so the manager says so
     when none has joined. With configured pools (``where`` ""), also the first task of
     no pool asking for more cores or memory than every worker of every pool has: it
-    waits for a worker joined by hand, so the manager says so when none has enough."""
+    waits for a worker joined by hand, so the manager says so when none has enough.
+    The ``reserved`` pools (``any_pool_tasks = false``) never run a task of no pool:
+    their shapes are left out of that test."""
     if not shapes:
         return PoolFit(tuple(dict.fromkeys(s.pool for s in specs if s.pool is not None)))
     first: tuple[TaskSpec, str, str, float, tuple[float, str]] | None = None
     count = 0
     others: dict[str, None] = {}
     own = next(iter(shapes)) if where else None  # where a task of no pool runs
+    anywhere = {p: shape for p, shape in shapes.items() if p not in reserved}
     unplaced: Unplaced | None = None
     short: dict[tuple[tuple[str, float], ...], tuple[tuple[str, tuple[str, float, str]], ...]]
     short = {}  # the asks of tasks of no pool seen: the pools short of each (none: fits)
@@ -1157,7 +1163,7 @@ def check_pool_fit(
                              if r in spec.resources)  # fmt: skip
                 pools_short = short.get(asks)
                 if pools_short is None:
-                    pools_short = short[asks] = _short_everywhere(asks, shapes)
+                    pools_short = short[asks] = _short_everywhere(asks, anywhere)
                 if pools_short:
                     n_unplaced += 1
                     if unplaced is None:

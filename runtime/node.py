@@ -542,7 +542,7 @@ async def start_control_plane(
     manager = Manager(
         lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
         plane.resolve, monitor=lambda: refs.get("monitor"),
-        pools=shapes,
+        pools=shapes, reserved=config.reserved_pools,
         sizing="" if pools or fixed is None else fixed[2], closed=closed,
         fallback=fallbacks(pools or {}),
     )  # fmt: skip

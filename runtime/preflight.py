@@ -26,7 +26,8 @@ The checks:
   a short walltime.
 - ``any-pool tasks``: with two pools or more, a WARN for each pool at ``min_blocks = 0``
   that tasks of no pool may run on (``any_pool_tasks``, the default): they scale it
-  (:func:`check_any_pool`).
+  (:func:`check_any_pool`); and one when every pool has ``any_pool_tasks = false``:
+  a task without ``pool=`` could never run.
 - ``memory limit``: a WARN for each pool that sets ``memory_per_worker`` with thread
   execution (the default), where the limit is not enforced on a task (only
   ``execution = "process"`` kills a task past it).
@@ -337,10 +338,22 @@ def check_any_pool(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
     """With more than one pool, each pool at ``min_blocks = 0`` that runs tasks of no
     pool (``any_pool_tasks`` true, the default): a WARN that such tasks (``pool=`` not
     given) count in its demand, so they start its blocks, up to ``max_blocks``, beside
-    the pool meant for them (a GPU pool kept at 0 blocks scaled up by CPU work)."""
-    if len(pools) < 2:
-        return []
+    the pool meant for them (a GPU pool kept at 0 blocks scaled up by CPU work). And
+    when every pool has ``any_pool_tasks = false``, one WARN (pool ``"*"``): a task
+    submitted without ``pool=`` can never run (no worker may take it)."""
     results = []
+    if pools and not any(pool.any_pool_tasks for pool in pools.values()):
+        names = ", ".join(f"[pools.{name}]" for name in pools)
+        results.append(CheckResult(
+            ALL, "any-pool tasks", WARN,
+            "every pool has any_pool_tasks = false: a task submitted without pool= (or a "
+            "dask graph without dask.annotate(pool=...)) can never run, no worker may "
+            "take it",
+            f"Give every task a pool=, or set any_pool_tasks = true in one of {names} "
+            "(docs/configuration.md#pools).",
+        ))  # fmt: skip
+    if len(pools) < 2:
+        return results
     for pool in pools.values():
         if pool.min_blocks or not pool.any_pool_tasks:
             continue

@@ -19,8 +19,10 @@ from actors.pools import pools_from_dicts
 from actors.scheduler_events import KeyErred
 from policies.scaling import PoolLimits
 from runtime.errors import PoolConfigError
+from runtime.graph import check_pool_fit
+from runtime.node import pool_shapes
 from runtime.preflight import WARN, check_any_pool
-from tests.helpers import GB, Factory, assigned, finish, join, make_state, submit
+from tests.helpers import GB, Factory, assigned, finish, join, make_state, specs_for, submit
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
 
@@ -195,3 +197,44 @@ def test_check_warns_of_a_pool_at_zero_blocks_that_tasks_of_no_pool_scale() -> N
     reserved = pools_from_dicts({"gpu": {"any_pool_tasks": False}, "cpu": {"min_blocks": 1}})
     assert check_any_pool(reserved) == []
     assert check_any_pool(pools_from_dicts({"gpu": {}})) == []
+
+
+def test_check_warns_when_every_pool_is_reserved() -> None:
+    """Every pool with any_pool_tasks = false: a task without pool= can never run, and
+    the check says so once, for the whole configuration (review 1207b F3); one pool
+    that takes them, nothing is said."""
+    both = {"gpu": {"any_pool_tasks": False}, "fpga": {"any_pool_tasks": False}}
+    (row,) = check_any_pool(pools_from_dicts(both))
+    assert (row.pool, row.check, row.status) == ("*", "any-pool tasks", WARN)
+    assert "a task submitted without pool=" in row.detail and "can never run" in row.detail
+    assert "any_pool_tasks = true in one of [pools.gpu], [pools.fpga]" in row.advice
+    (row,) = check_any_pool(pools_from_dicts({"gpu": {"any_pool_tasks": False}}))
+    assert row.pool == "*"
+    cpu = {"cpu": {"min_blocks": 1}}
+    assert check_any_pool(pools_from_dicts({**both, **cpu})) == []
+
+
+def test_a_task_of_no_pool_only_a_reserved_pool_is_large_enough_for_is_unplaced(
+    make_state: Factory,
+) -> None:
+    """A task of no pool asks for 4 GiB: cpu workers have 1 GiB, the reserved gpu
+    pool's 8 GiB. The gpu pool never runs it, so the submit-time fit check reports it
+    unplaced, naming cpu only (before: gpu's 8 GiB counted and nothing was said,
+    review 1207b F3); not reserved, gpu's workers fit it."""
+    s = make_state()
+    config = {"cpu": {"memory_per_worker": "1GiB"}, "gpu": {"memory_per_worker": "8GiB"}}
+    shapes = pool_shapes(pools_from_dicts(config))
+    big = {"big": {"resources": {"memory": 4 * GB}}}
+    specs = specs_for(s, {"big": []}, ["big"], attrs=big)
+    assert check_pool_fit(specs.values(), shapes).unplaced is None
+    unplaced = check_pool_fit(specs.values(), shapes, reserved={"gpu"}).unplaced
+    assert unplaced is not None
+    assert (unplaced.key, unplaced.asks, unplaced.tasks) == ("big", (("memory", 4 * GB),), 1)
+    assert [pool for pool, _ in unplaced.has] == ["cpu"]
+    # the scheduler's "no connected worker has enough" leaves the gpu worker out too
+    s = make_state(reserved_pools=frozenset({"gpu"}))
+    join(s, "cpu-1", memory=GB, pool="cpu")
+    join(s, "gpu-1", memory=8 * GB, pool="gpu")
+    assert s.short_workers(unplaced.asks) == (
+        f"no worker connected has enough (at most {GB:,} B of memory)"
+    )
