@@ -145,11 +145,13 @@ Disk-aware placement, the disk watchdog and its stall breaker are in
 
 The memory watchdog (``_watch_memory``), per pool: if every worker of a pool stays
 throttled, nothing but producers of it is active there, none of them executing (a try
-that executes ends, or is killed, and frees its memory), and nothing finishes on them
-for ``stall_timeout`` seconds, and no task elsewhere reads an output held there
-(``_read_elsewhere``), the pool's active tasks fail with
-:class:`~runtime.errors.MemoryStalled` and the other pools run on; tasks of any pool
-(``"*"``) only when every worker of the cluster is, and then every active task fails.
+that executes ends, or is killed, and frees its memory; but one that has executed
+longer than its bound, ``_executing_bound``, may hang for ever and no longer counts),
+and nothing finishes on them for ``stall_timeout`` seconds, and no task elsewhere
+reads an output held there (``_read_elsewhere``), the pool's active tasks fail with
+:class:`~runtime.errors.MemoryStalled` (a try past its bound among them) and the other
+pools run on; tasks of any pool (``"*"``) only when every worker that may run them is,
+and then every active task but a reserved pool's fails.
 A pool with a worker away is not stalled while it is away.
 
 Memory admission: a task whose inputs alone are larger than the memory limit of every
@@ -409,6 +411,12 @@ REUSE_CHECKS = 1_000
 #: ahead of the one being served are dropped (they start at ``turn_floor`` anyway)
 MAX_CLIENT_TURNS = 1024
 OTHER_CATEGORY = "(other)"
+#: a try that executes holds its pool's memory watchdog off (it ends, or is stopped,
+#: and frees its memory) for at most this many ``stall_timeout``s, or twice its
+#: category's longest ok try, or its ``timeout=``, whichever is longest
+#: (``SchedulerState._executing_bound``): past that it may hang for ever, and a pool
+#: stalled otherwise fails with MemoryStalled, that try among the tasks failed
+EXECUTING_STALLS = 30
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -5296,17 +5304,19 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _watch_memory(self) -> None:
         """The memory watchdog (the module docstring), per pool: a pool whose every
-        worker is throttled, none of them away, none executing a try or running a
-        consumer, no consumer ready with room for it there (``_room_for``) and tasks of
-        the pool waiting, for ``stall_timeout``, fails those tasks with
+        worker is throttled, none of them away, none executing a try within its bound
+        (``_executing_bound``) or running a consumer (but a try past its bound), no
+        consumer ready with room for it there (``_room_for``) and tasks of the pool
+        waiting, for ``stall_timeout``, fails those tasks with
         :class:`~runtime.errors.MemoryStalled`, unless a task running
         or ready elsewhere reads an output held there (``_read_elsewhere``: then its
         clock starts again); the other pools run on. ``"*"`` (the tasks of no pool, which
         any worker but a reserved pool's may run) only when every such worker is
         throttled (an idle worker of a reserved pool cannot run them), and then every
-        task still to run but a reserved pool's fails. O(pools) per event: a pool's
-        workers are looked at only while every one of them is throttled, the running
-        and ready tasks only when its clock runs out, its tasks only when it fails."""
+        task still to run but a reserved pool's fails (a try past its bound among them).
+        O(pools) per event: a pool's workers, and the tries executing there, are looked
+        at only while every one of them is throttled, the running and ready tasks only
+        when its clock runs out, its tasks only when it fails."""
         stalled = self.stalled_since
         keys = [p for p, n in self.throttled_in.items() if n >= len(self.pool_members.get(p, ()))]
         runs = self._any_pool_workers() if self.throttled else {}
@@ -5334,23 +5344,33 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         """Why pool ``key``, every worker of which is throttled, is not stalled for
         memory ("": it is): nothing of the pool was submitted, a worker of it is away
         (held for its rejoin, it cannot say its memory came down), a try executes on
-        one of its workers (``WorkerState.began``, producer or not: it ends and frees
-        what it holds, or is killed at the terminate fence or past its ``timeout=``; its
-        own memory is no stall of its pool, and the clock starts when it ends), a
-        consumer runs on one of them (it may free memory), one is ready and a worker of
-        the pool has room for it (``_room_for``: a consumer waiting for slots or cores
-        that deferred producers hold waits for ever), or nothing of the pool waits
-        (memory held is the results). No scan of tasks: its workers, the ready heads,
-        the counters."""
+        one of its workers within its bound (``WorkerState.began``, producer or not: it
+        ends and frees what it holds, or is killed at the terminate fence or past its
+        ``timeout=``; its own memory is no stall of its pool, and the clock starts when
+        it ends or passes its bound, ``_executing_bound``: a try with no ``timeout=``
+        may hang for ever), a consumer runs on one of them (it may free memory; one
+        past its bound does not count, nor one waiting on a worker whose every thread
+        runs such a try), one is ready and a worker of the pool has room
+        for it (``_room_for``: a consumer waiting for slots or cores that deferred
+        producers hold waits for ever), or nothing of the pool waits but tries past
+        their bound (memory held is the results). No scan of tasks: its workers, the
+        tries executing there, the ready heads, the counters."""
         pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
         workers = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         if any(ws.away is not None for ws in workers.values()):
             return "a worker is away"
-        if any(ws.began for ws in workers.values()):
+        hung = self._hung_tries(workers)
+        if sum(len(ws.began) for ws in workers.values()) > len(hung):
             return "a try executes"
-        if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
+        # Every try executing there is past its bound now: a consumer executing is one
+        # of them, and one waiting on a worker whose every thread runs one waits for ever.
+        if any(
+            len(ws.began) < ws.cores
+            and len(ws.processing) - ws.n_producers > sum(not ts.producer for ts in ws.began)
+            for ws in workers.values()
+        ):
             return "a consumer runs"
         reserved = self.config.reserved_pools
         for q, heap in self.queues.items():
@@ -5362,13 +5382,42 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 return "a consumer can still be placed"
         if pool is None:
             counts = self.by_state
-            if not any(counts.get(state) for state in ACTIVE):
-                return "nothing to run"
+            if sum(counts.get(state, 0) for state in ACTIVE) <= len(hung):
+                return "nothing to run"  # but the tries past their bound: no one waits
         elif not self.queued_counts[pool] and not any(
-            ts.spec.pool == pool for ws in workers.values() for ts in ws.processing
+            ts.spec.pool == pool and ts not in ws.began
+            for ws in workers.values()
+            for ts in ws.processing
         ):
             return "nothing of the pool to run"
         return ""
+
+    def _hung_tries(
+        self, workers: dict[str, WorkerState]
+    ) -> list[tuple[TaskState, str, float, float]]:
+        """The tries executing on ``workers`` for longer than their bound
+        (``_executing_bound``), as ``(task, worker, seconds executed, bound)``: those no
+        longer count as progress for the memory watchdog. O(tries executing there)."""
+        now = self._now
+        return [
+            (ts, ws.id, now - started, bound)
+            for ws in workers.values()
+            for ts, started in ws.began.items()
+            if now - started > (bound := self._executing_bound(ts))
+        ]
+
+    def _executing_bound(self, ts: TaskState) -> float:
+        """Seconds a try of ``ts`` may execute and still hold its pool's memory watchdog
+        off (docs/memory.md, "A task that runs is not a stall"): the longest of
+        :data:`EXECUTING_STALLS` ``stall_timeout``s, twice the longest ok try of its
+        category so far (a category known to run long is given its time) and its own
+        ``timeout=`` (past which its worker stops it)."""
+        st = self.stats.get(ts.spec.category)
+        return max(
+            EXECUTING_STALLS * self.config.stall_timeout,
+            2 * st.max_duration if st is not None else 0.0,
+            ts.spec.timeout or 0.0,
+        )
 
     def _room_for(self, ts: TaskState, ws: WorkerState) -> bool:
         """The memory watchdog's test (``_memory_moves``) that consumer ``ts``, ready,
@@ -5428,8 +5477,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _fail_stalled(self, key: str, stalled_for: float) -> None:
         """Pool ``key`` stalled for memory: its tasks still to run (every task's, for
-        ``"*"``) fail with :class:`~runtime.errors.MemoryStalled`, with the account of
-        its workers. One pass over the tasks, made only when a stall is declared."""
+        ``"*"``) and its tries executing past their bound (``_hung_tries``: named in
+        ``MemoryStalled.executing``, not counted as waiting) fail with
+        :class:`~runtime.errors.MemoryStalled`, with the account of its workers. One
+        pass over the tasks, made only when a stall is declared."""
         pool = pool_of_key(key)
         members = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         workers = list(members.values())
@@ -5440,7 +5491,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             and (ts.spec.pool == pool if pool is not None else ts.spec.pool not in reserved)
         ]  # fmt: skip
         holding = self._holding(None if pool is None else set(members), files=False)
-        producers = [ts for ts in active if ts.producer]
+        hung = {h[0]: h for h in self._hung_tries(members)}
+        executing = [(ts.key, *hung[ts][1:]) for ts in active if ts in hung]
+        producers = [ts for ts in active if ts.producer and ts not in hung]
         needed = 0
         # Each producer makes an output as large as the mean of those made so far of its
         # layer (a dask array's other chunks: a tuple key's name), else its category's
@@ -5474,7 +5527,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         )
         err = MemoryStalled(
             holding, needed, available, len(producers), stalled_for, rss, in_memory, limit,
-            pool=pool, workers=len(workers), spill_refused=refused,
+            pool=pool, workers=len(workers), spill_refused=refused, executing=executing,
         )  # fmt: skip
         record = error_record(err)  # once for all the tasks it fails
         self._log("-", "memory", f"stalled in pool {pool_name(key)}")

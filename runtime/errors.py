@@ -1238,6 +1238,11 @@ class MemoryStalled(CorralError):
     ``spill_refused``: ``(worker, spill directory, spills refused, seconds since the
     latest)`` of the workers whose spills found no disk room, the latest at most ten
     ``stall_timeout``s before (an older refusal has cleared since).
+    ``executing``: ``(key, worker, seconds executed, bound)`` of the tries that had
+    executed longer than the watchdog waits for a try (its bound, docs/memory.md: a
+    number of ``stall_timeout``s, twice its category's longest ok try or its
+    ``timeout=``, whichever is longest), which no longer held the watchdog off and fail
+    too (not counted in ``waiting``).
     """
 
     def __init__(
@@ -1254,6 +1259,7 @@ class MemoryStalled(CorralError):
         pool: str | None = None,
         workers: int = 0,
         spill_refused: Sequence[tuple[str, str, int, float]] = (),
+        executing: Sequence[tuple[Any, str, float, float]] = (),
     ) -> None:
         held_bytes = sum(b for _, b, _ in holding)
         top = limit or max(rss, held_bytes, needed, available)
@@ -1311,13 +1317,27 @@ class MemoryStalled(CorralError):
             if pool is None
             else f" The tasks of pool {pool!r} still to run fail; the other pools run on."
         )
+        hung = ""
+        if executing:
+            tries = "; ".join(
+                f"{key!r} on worker {w} ({ran:.0f} s, its bound {bound:.0f} s)"
+                for key, w, ran, bound in executing[:5]
+            )
+            more = f" and {len(executing) - 5} more" if len(executing) > 5 else ""
+            n = len(executing)
+            hung = (
+                f" {n} tr{'ies' if n != 1 else 'y'} executed longer than the watchdog "
+                f"waits for a try, which may never end, and fail{'s' * (n == 1)} too: "
+                f"{tries}{more}. A task that runs longer than its bound needs a "
+                "timeout= at least as long (the bound grows to it)."
+            )
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: {who} is over its memory "
             "throttle fence (or too near it for its next producer's expected output) and "
             "nothing that frees memory can run. Outputs held (in memory "
             "or spilled to disk): "
             f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
-            f"{size(available)} is left under the throttle fences.{fate} {advice}",
+            f"{size(available)} is left under the throttle fences.{hung}{fate} {advice}",
             holding=list(holding),
             needed=needed,
             available=available,
@@ -1329,6 +1349,7 @@ class MemoryStalled(CorralError):
             pool=pool,
             workers=workers,
             spill_refused=list(spill_refused),
+            executing=list(executing),
         )
 
 

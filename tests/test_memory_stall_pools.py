@@ -23,6 +23,7 @@ import pytest
 from actors.scheduler_events import (
     CancelOnWorker,
     Execute,
+    GraphSubmitted,
     KeyErred,
     PlacementStallBegan,
     TasksFinished,
@@ -46,9 +47,10 @@ from tests.helpers import (
     on,
     result,
     run,
+    specs_for,
     submit,
 )
-from tests.test_scheduler_memory import tick
+from tests.test_scheduler_memory import at, tick
 
 __all__ = ["make_state"]  # the fixture, used by name
 
@@ -164,6 +166,37 @@ def test_a_pool_whose_worker_executes_a_try_is_not_stalled_until_it_ends(
     err = cmds[0].error
     assert isinstance(err, MemoryStalled) and (err.pool, err.waiting) == ("spill", 4)
     assert err.holding == [("frame", 600 * MB, 2)]
+
+
+def test_a_pool_whose_only_try_executes_past_its_bound_is_stalled(
+    make_state: Factory,
+) -> None:
+    """frame-1 began on w4 and never ends (no ``timeout=``): it holds the pool off the
+    watchdog for 30 ``stall_timeout``s (150 s), then the pool's clock starts and its
+    tasks fail, frame-1 among them, named apart (the review's finding 6)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="default"))
+    run(s, at(1.0, WorkerJoined, worker="w4", cores=1, memory=GB, pool="spill"))
+    specs = specs_for(s, dict.fromkeys(FRAMES, ()), FRAMES, pool="spill")
+    run(s, at(2.0, GraphSubmitted, specs=specs, wanted=tuple(FRAMES)))
+    done = result("frame-0", nbytes=300 * MB)
+    run(s, at(90.0, TasksFinished, worker="w4", results=(done,)))
+    memory(s, "w4", 100.0)
+    assert on(s, "w4") == {"frame-1"} and s.stalled_since == {"spill": 100.0}
+    run(s, TasksRunning("ran", 101.0, "w4", (("frame-1", 0, 0.5),)))
+    assert tick(s, 250.5) == [] and not s.stalled_since  # 150 s executed: within
+    assert tick(s, 251.0) == [] and s.stalled_since == {"spill": 251.0}
+    assert tick(s, 255.9) == []
+    cmds = tick(s, 256.0)
+    assert [type(c) for c in cmds] == [KeyErred] * 4 + [CancelOnWorker, KeyErred]
+    assert [c.key for c in of(cmds, KeyErred)] == [
+        "frame-5", "frame-4", "frame-3", "frame-2", "frame-1",
+    ]  # fmt: skip
+    assert cmds[4] == CancelOnWorker("tick-256.0", "w4", ("frame-1",))
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and (err.pool, err.waiting) == ("spill", 4)
+    assert err.executing == [("frame-1", "w4", 155.5, 150.0)]
+    assert not s.stalled_since and not on(s, "w4")
 
 
 def test_tasks_of_any_pool_stall_only_when_every_worker_is_throttled(

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from actors.scheduler_events import (
+    CancelOnWorker,
     CategoryForgotten,
     Execute,
     FileFacts,
+    GraphSubmitted,
     KeyDone,
     KeyErred,
     PolicyChanged,
@@ -21,6 +23,7 @@ from actors.scheduler_events import (
     Tick,
     WorkerDraining,
     WorkerFloor,
+    WorkerJoined,
     WorkerLeft,
     WorkerMemory,
     WorkerPastLimit,
@@ -42,6 +45,7 @@ from tests.helpers import (
     on,
     result,
     run,
+    specs_for,
     submit,
 )
 
@@ -1238,6 +1242,163 @@ def test_a_stall_still_fires_once_the_try_that_executed_ends(make_state: Factory
     assert (err.waiting, err.stalled_for, err.holding) == (3, 5.0, [("load", 300 * MB, 1)])
     assert "The 3 producer tasks still to run" in str(err)
     assert s.tasks[first].state == "memory" and not s.stalled_since
+
+
+def at(now: float, cls: type[Any], **fields: Any) -> Any:
+    """An event at ``now`` (the helpers' ``event`` takes its time from a counter shared
+    by every test, which exact times must not depend on)."""
+    return cls(stimulus_id=f"{cls.__name__}-{now}", now=now, **fields)
+
+
+def hung_state(
+    make_state: Factory, *, duration: float = 1.0, **attrs: float
+) -> tuple[SchedulerState, str]:
+    """w1 ran load-0 (``duration`` s, 300 MB held); load-1 began executing there at
+    98.5 (with ``attrs``, such as its ``timeout=``) and never ends; w1 is throttled at
+    100 with load-2..4 still to run. The review's finding 6: a hung try with no
+    ``timeout=`` held its pool off the watchdog for ever."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="default"))
+    keys = [f"load-{i}" for i in range(5)]
+    specs = specs_for(s, dict.fromkeys(keys, ()), keys, attrs={"load-1": attrs})
+    run(s, at(2.0, GraphSubmitted, specs=specs, wanted=tuple(keys)))
+    assert on(s, "w1") == {"load-0"}
+    done = result("load-0", duration=duration, nbytes=300 * MB)
+    run(s, at(90.0, TasksFinished, worker="w1", results=(done,)))
+    assert on(s, "w1") == {"load-1"}
+    run(s, TasksRunning("ran", 99.0, "w1", (("load-1", 0, 0.5),)))
+    assert throttle(s, "w1", now=100.0) == [] and not s.stalled_since
+    return s, "load-1"
+
+
+def stall_fires(s: SchedulerState, hung: str, at: float, executed: float, bound: float) -> None:
+    """Nothing left executing within its bound, the stall suspected ``at``: the tasks
+    still to run and the hung try fail ``stall_timeout`` (5 s) later, exactly."""
+    assert tick(s, at) == [] and s.stalled_since == {"*": at}
+    assert s.story_log[-1][:3] == ("-", "memory", "stall-suspected in pool any")
+    assert tick(s, at + 4.9) == []
+    now = at + 5.0
+    cmds = tick(s, now)
+    assert [type(c) for c in cmds] == [KeyErred] * 3 + [CancelOnWorker, KeyErred]
+    assert [c.key for c in of(cmds, KeyErred)] == ["load-4", "load-3", "load-2", hung]
+    assert cmds[3] == CancelOnWorker(f"tick-{now}", "w1", (hung,))
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and all(c.error is err for c in of(cmds, KeyErred))
+    assert (err.waiting, err.stalled_for, err.holding) == (3, 5.0, [("load", 300 * MB, 1)])
+    assert err.executing == [(hung, "w1", executed, bound)]
+    text = str(err)
+    assert "The 3 producer tasks still to run need about " in text
+    assert (
+        "the throttle fences. 1 try executed longer than the watchdog waits for a try, "
+        f"which may never end, and fails too: {hung!r} on worker w1 ({executed:.0f} s, "
+        f"its bound {bound:.0f} s). A task that runs longer than its bound needs a "
+        "timeout= at least as long (the bound grows to it). "
+    ) in text
+    assert s.tasks[hung].state == "erred" and not on(s, "w1") and not s.stalled_since
+
+
+def test_a_try_executing_past_its_bound_no_longer_holds_the_watchdog_off(
+    make_state: Factory,
+) -> None:
+    """A try with no ``timeout=`` of a category with no long try counts as progress
+    for 30 ``stall_timeout``s (150 s here); past that it may hang for ever, and the
+    throttled run is stalled as it would be without it: the hung try fails with the
+    tasks still to run, named apart from them (``executing``)."""
+    s, hung = hung_state(make_state)
+    assert tick(s, 200.0) == [] and not s.stalled_since
+    assert tick(s, 248.5) == [] and not s.stalled_since  # 150 s executed: within
+    stall_fires(s, hung, 249.0, executed=155.5, bound=150.0)
+
+
+@pytest.mark.parametrize(
+    ("given", "bound"),
+    [({"timeout": 400.0}, 400.0), ({"duration": 400.0}, 800.0)],
+    ids=["its-timeout", "its-category-ran-400s"],
+)
+def test_a_try_known_to_run_long_holds_the_watchdog_off_until_its_own_bound(
+    make_state: Factory, given: dict[str, float], bound: float
+) -> None:
+    """A try's bound is the longest of 30 ``stall_timeout``s, its ``timeout=`` (its
+    worker stops it then) and twice its category's longest ok try (load-0 ran 400 s: a
+    try of it executing 400 s or more is expected, not hung). Within it, no stall
+    however long the pool stays throttled, past 30 ``stall_timeout``s too."""
+    s, hung = hung_state(make_state, **given)
+    assert s.stats["load"].max_duration == given.get("duration", 1.0)
+    for now in (249.0, 300.0, 98.5 + bound):
+        assert tick(s, now) == [] and not s.stalled_since
+    stall_fires(s, hung, 99.0 + bound, executed=bound + 5.5, bound=bound)
+
+
+def test_a_try_past_its_bound_with_nothing_else_to_run_is_no_stall(
+    make_state: Factory,
+) -> None:
+    """A hung try alone in its throttled pool keeps no other task from running: no
+    memory stall (its ``timeout=``, or the ``CorralTaskRunningLong`` alert, is for it)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="default"))
+    specs = specs_for(s, {"steady": []}, ["steady"])
+    run(s, at(2.0, GraphSubmitted, specs=specs, wanted=("steady",)))
+    run(s, TasksRunning("ran", 99.0, "w1", (("steady", 0, 0.5),)))
+    throttle(s, "w1", now=100.0)
+    for now in (249.0, 1000.0, 10_000.0):
+        assert tick(s, now) == [] and not s.stalled_since
+    assert s.tasks["steady"].state == "processing"
+
+
+def test_a_try_within_its_bound_beside_a_hung_one_holds_the_watchdog_off(
+    make_state: Factory,
+) -> None:
+    """Only a pool whose every executing try is past its bound is stalled: a try that
+    began later, within its own, still counts as progress until it passes it."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=2, memory=GB, pool="default"))
+    keys = [f"load-{i}" for i in range(4)]
+    specs = specs_for(s, dict.fromkeys(keys, ()), keys)
+    run(s, at(2.0, GraphSubmitted, specs=specs, wanted=tuple(keys)))
+    assert on(s, "w1") == {"load-0", "load-1"}
+    run(s, TasksRunning("ran", 99.0, "w1", (("load-0", 0, 0.5),)))
+    throttle(s, "w1", now=100.0)
+    run(s, TasksRunning("ran-late", 200.0, "w1", (("load-1", 0, 0.5),)))
+    for now in (249.0, 349.5):  # load-0 is past 150 s, load-1 within (until 349.5)
+        assert tick(s, now) == [] and not s.stalled_since
+    assert tick(s, 350.0) == [] and s.stalled_since == {"*": 350.0}
+    cmds = tick(s, 355.0)
+    assert [type(c) for c in cmds] == [KeyErred] * 2 + [CancelOnWorker, KeyErred] * 2
+    assert [c.key for c in of(cmds, KeyErred)] == ["load-3", "load-2", "load-1", "load-0"]
+    assert (cmds[2].keys, cmds[4].keys) == (("load-1",), ("load-0",))
+    err = cmds[0].error
+    assert err.executing == [("load-1", "w1", 155.5, 150.0), ("load-0", "w1", 256.5, 150.0)]
+    assert err.waiting == 2 and not on(s, "w1")
+
+
+def test_a_consumer_queued_behind_a_hung_try_is_no_progress(make_state: Factory) -> None:
+    """Two slots on one core: sum-0 (a consumer) is sent to w1 and waits there behind
+    load-1, which executes on its only thread and never ends. Past load-1's bound the
+    consumer cannot run either: the stall fires, and both fail with the loads left."""
+    s = make_state(stall_timeout=5.0, unknown_long=False)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="default"))
+    table: dict[str, list[str]] = {f"load-{i}": [] for i in range(4)}
+    table["sum-0"] = ["load-0"]
+    run(s, at(2.0, GraphSubmitted, specs=specs_for(s, table, list(table)), wanted=tuple(table)))
+    assert on(s, "w1") == {"load-0", "load-1"}
+    done = result("load-0", duration=0.1, nbytes=300 * MB)
+    run(s, at(90.0, TasksFinished, worker="w1", results=(done,)))
+    assert on(s, "w1") == {"load-1", "sum-0"} and not s.tasks["sum-0"].producer
+    run(s, TasksRunning("ran", 99.0, "w1", (("load-1", 0, 0.5),)))
+    throttle(s, "w1", now=100.0)
+    for now in (200.0, 248.5):  # load-1 executes within its bound
+        assert tick(s, now) == [] and not s.stalled_since
+    assert tick(s, 249.0) == [] and s.stalled_since == {"*": 249.0}
+    cmds = tick(s, 254.0)
+    assert [type(c) for c in cmds] == [
+        CancelOnWorker, KeyErred, KeyErred, KeyErred, CancelOnWorker, KeyErred, FileFacts,
+    ]  # fmt: skip
+    assert [c.key for c in of(cmds, KeyErred)] == ["sum-0", "load-3", "load-2", "load-1"]
+    assert (cmds[0].keys, cmds[4].keys) == (("sum-0",), ("load-1",))
+    err = cmds[1].error
+    assert isinstance(err, MemoryStalled) and (err.waiting, err.stalled_for) == (2, 5.0)
+    assert err.executing == [("load-1", "w1", 155.5, 150.0)]
+    assert not on(s, "w1") and not s.stalled_since
 
 
 def test_held_results_alone_are_not_a_stall(make_state: Factory) -> None:
