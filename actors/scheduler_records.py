@@ -57,6 +57,7 @@ __all__ = [
     "error_record",
     "lost_worker_text",
     "not_run_text",
+    "runs_on",
     "unsaved_work",
 ]
 
@@ -1069,6 +1070,14 @@ def unsaved_work(resumed: float, ran: float, saved: float) -> float:
     holds (``saved``; 0 when none survived). The monitoring database's ``tries.unsaved``
     and, capped at the try's run, the retry policy's :attr:`~policies.TaskView.unsaved_for`."""
     return max(resumed + ran - saved, 0.0)
+
+
+def runs_on(pool: str | None, worker_pool: str | None, reserved: frozenset[str]) -> bool:
+    """A task of ``pool`` may run on a worker of ``worker_pool``: one of its pool, or for
+    a task of no pool (None) a worker of any pool but the ``reserved`` ones
+    (``any_pool_tasks = false``: ``SchedulerConfig.reserved_pools``). The one test of
+    it: the core asks it of a worker through ``CorePart._runs_on``."""
+    return worker_pool == pool if pool is not None else worker_pool not in reserved
 
 
 def walltime_loss(

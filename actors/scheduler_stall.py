@@ -57,6 +57,7 @@ from actors.scheduler_records import (
     SchedulerConfig,
     TaskState,
     WorkerState,
+    runs_on,
 )
 from runtime.messages import ANY_POOL, PlacementStallInfo, pool_key, pool_name, pool_of_key
 
@@ -84,8 +85,8 @@ class CorePart:
     def _runs_on(self, pool: str | None, ws: WorkerState) -> bool:
         """A task of ``pool`` may run on ``ws``: one of its pool, or for a task of no
         pool (None) any worker whose pool is not reserved (``any_pool_tasks = false``:
-        ``SchedulerConfig.reserved_pools``)."""
-        return ws.pool == pool if pool is not None else ws.pool not in self.config.reserved_pools
+        ``SchedulerConfig.reserved_pools``); the test is ``runs_on``."""
+        return runs_on(pool, ws.pool, self.config.reserved_pools)
 
     def _pool_workers(self, pool: str | None) -> list[WorkerState]:
         """The workers that may run tasks of ``pool`` (None: no pool), not draining:

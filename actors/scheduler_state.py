@@ -283,6 +283,7 @@ from actors.scheduler_records import (
     dependency_failed_text,
     error_line,
     error_record,
+    runs_on,
     unsaved_work,
     walltime_loss,
 )
@@ -2922,11 +2923,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             return False
         shapes = self.config.pool_memory
         reserved = self.config.reserved_pools  # (their workers never run a task of no pool)
-        if any(
-            ts.oom_fits(m)
-            for p, m in shapes.items()
-            if (p == pool if pool is not None else p not in reserved)
-        ):
+        if any(ts.oom_fits(m) for p, m in shapes.items() if runs_on(pool, p, reserved)):
             return False
         if largest is None:
             if pool is None or pool not in shapes:
@@ -4238,8 +4235,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 no_free_worker = not self.free or (
                     (pool is not None or producer or reserved)
                     and not any(
-                        (w.pool == pool if pool is not None else w.pool not in reserved)
-                        and (not producer or self._takes_producer(w))
+                        self._runs_on(pool, w) and (not producer or self._takes_producer(w))
                         for w in self.free.values()
                     )
                 )
@@ -4414,11 +4410,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         producer = ts.producer
         need = ts.in_nbytes  # memory admission: its inputs fit under the limit (0: none)
         rise = self._rise(ts)  # ... and its RSS rise beside the tries running there
-        reserved = self.config.reserved_pools
         cands = [
             w
             for w in self.free.values()
-            if (w.pool == pool if pool is not None else w.pool not in reserved)
+            if self._runs_on(pool, w)
             and w.memory >= mem
             and w.cores >= cores
             and (w.memory >= need or not w.memory)
@@ -5488,7 +5483,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         active = [
             ts for ts in self.tasks.values()
             if ts.state in ACTIVE
-            and (ts.spec.pool == pool if pool is not None else ts.spec.pool not in reserved)
+            and runs_on(pool, ts.spec.pool, reserved)  # (a worker of its pool is one of those)
         ]  # fmt: skip
         holding = self._holding(None if pool is None else set(members), files=False)
         hung = {h[0]: h for h in self._hung_tries(members)}
@@ -5851,7 +5846,7 @@ def _largest_per_pool(
             n = getattr(ws, limit)
             value = float(n) if n > 0 else NO_LIMIT
             largest[ws.pool] = max(largest.get(ws.pool, 0.0), value)
-            if ws.pool not in reserved:
+            if runs_on(None, ws.pool, reserved):
                 largest[None] = max(largest.get(None, 0.0), value)
     return largest
 
