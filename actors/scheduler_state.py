@@ -530,6 +530,33 @@ class _Submission:
     reuse_checks: int = 0
 
 
+@dataclasses.dataclass(slots=True)
+class _Room:
+    """What :func:`_has_room` weighs, per worker id of the survivors an evacuation plan
+    may copy outputs to (``SchedulerState._room_counts``): the bytes of the outputs it
+    holds (``held``), those coming to it (``coming``: ``SchedulerState._coming``), those
+    the plan being made adds (``added``, 0 at first) and whether it spills now
+    (``spills``: ``SchedulerState._spills_now``)."""
+
+    held: dict[str, int]
+    coming: dict[str, int]
+    added: dict[str, int]
+    spills: dict[str, bool]
+
+    def fits(self, ws: WorkerState, ts: TaskState) -> bool:
+        """A copy of ``ts``'s output fits ``ws`` beside what it holds and what comes
+        (:func:`_has_room`)."""
+        i = ws.id
+        return _has_room(ws, ts, self.held[i], self.added[i], self.coming[i], self.spills[i])
+
+    def place(self, fits: list[WorkerState], nbytes: int) -> WorkerState:
+        """Of ``fits``, the worker that will then hold the fewest bytes (held, coming
+        and added; the lowest id among equals), which the plan puts ``nbytes`` more on."""
+        to = min(fits, key=lambda w: (self.held[w.id] + self.coming[w.id] + self.added[w.id], w.id))
+        self.added[to.id] += nbytes
+        return to
+
+
 class _NotATuple(Exception):
     """A priority policy answered text: what it answered, for the story."""
 
@@ -2265,18 +2292,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = self._survivors(*going)
         if not targets:
             return ()
-        held, coming, added, spills = self._room_counts(targets)
+        room = self._room_counts(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
-            fits = [
-                w
-                for w in targets
-                if _has_room(w, ts, held[w.id], added[w.id], coming[w.id], spills[w.id])
-            ]
+            fits = [w for w in targets if room.fits(w, ts)]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
-            target = min(fits, key=lambda w: (held[w.id] + coming[w.id] + added[w.id], w.id))
-            added[target.id] += ts.nbytes
+            target = room.place(fits, ts.nbytes)
             moves.append((ts.key, target.id, ts.nbytes))
             self.evac_planned.setdefault(target.id, {})[ts.key] = ws.id
         return tuple(moves)
@@ -2402,14 +2424,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     coming[wid] += ts.nbytes
         return coming
 
-    def _room_counts(
-        self, targets: list[WorkerState]
-    ) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, bool]]:
-        """What :func:`_has_room` weighs, per worker of ``targets``: the bytes of the
-        outputs it holds, those coming to it (:meth:`_coming`), those a plan being made
-        adds (0 so far) and whether it spills now (:meth:`_spills_now`)."""
+    def _room_counts(self, targets: list[WorkerState]) -> _Room:
+        """What :func:`_has_room` weighs, per worker of ``targets`` (:class:`_Room`): the
+        bytes of the outputs it holds, those coming to it (:meth:`_coming`), those a plan
+        being made adds (0 so far) and whether it spills now (:meth:`_spills_now`)."""
         held = {w.id: self.held_bytes.get(w.id, 0) for w in targets}
-        return held, self._coming(targets), dict.fromkeys(held, 0), self._spills_now(targets)
+        return _Room(held, self._coming(targets), dict.fromkeys(held, 0), self._spills_now(targets))
 
     def _spill_refused_lately(self, ws: WorkerState) -> bool:
         """``ws`` said a spill found no disk room within ``10 * stall_timeout`` (an
@@ -2469,7 +2489,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         targets = [to] if to is not None else self._survivors(*going)
         if not targets:
             return
-        held, coming, added, spills = self._room_counts(targets)
+        room = self._room_counts(targets)
         planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
             if self.copying.get(ts.key) or ts.key in planned:
@@ -2480,14 +2500,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             fits = [
                 w
                 for w in targets
-                if w.id not in failed
-                and w.disk_free() >= ts.nbytes
-                and _has_room(w, ts, held[w.id], added[w.id], coming[w.id], spills[w.id])
+                if w.id not in failed and w.disk_free() >= ts.nbytes and room.fits(w, ts)
             ]
             if not fits:
                 continue
-            to = min(fits, key=lambda w: (held[w.id] + coming[w.id] + added[w.id], w.id))
-            added[to.id] += ts.nbytes
+            to = room.place(fits, ts.nbytes)
             self.copying.setdefault(ts.key, {})[to.id] = ts.nbytes
             self.evacuating.add((ts.key, to.id))
             self.storage.copy_sent(ts.key, to.id, ws.id, self._now)
