@@ -80,7 +80,9 @@ def test_the_collector_shows_the_database_its_backlog_and_drops(tmp_path: Path) 
 
 
 @pytest.mark.anyio
-async def test_a_stalled_loop_shows_in_the_lag_the_gateway_scrape_reads() -> None:
+async def test_a_stalled_loop_shows_in_the_lag_the_gateway_scrape_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A 0.5 s stall of the manager's loop (a long synchronous call) reads as its lag in
     what ``/metrics`` shows (the gateway's collectors), with the process's RSS."""
     from runtime.kernel import ActorSystem
@@ -91,8 +93,17 @@ async def test_a_stalled_loop_shows_in_the_lag_the_gateway_scrape_reads() -> Non
             plane = await start_control_plane(system)
             routes = await gateway_routes(plane, [], web=False)
             gateway = Gateway(plane)
+            ticked = anyio.Event()  # the loop's watcher noted a tick: it is watching
+            note = plane.loop_lag.note
+
+            def noted(now: float, late: float) -> None:
+                note(now, late)
+                ticked.set()
+
+            monkeypatch.setattr(plane.loop_lag, "note", noted)
             await system.start_service(gateway.watch_loop)
-            await anyio.sleep(0.3)
+            with anyio.fail_after(10):
+                await ticked.wait()
             time.sleep(0.5)  # noqa: ASYNC251 - the stall under test
 
             def lag() -> float | None:
