@@ -1094,6 +1094,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         record of the try it follows (``charged``: it spent the task's ``retries=``
         budget, else a free retry; ``pool``: the task's pool then; ``moved``: the pool
         the retry policy moved it to, or None),
+        ``("moved", key, category, from_pool, to_pool, from_priority, to_priority)``
+        per waiting or queued task moved to another pool or priority
+        (:class:`TasksMoved`: ``Cluster.move``, the console's ``move``; None: no pool),
         ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause, ended)``
         (``ended``: when its life ended, this core's clock: ``now``, or the drop of its
         connection for a worker lost while away),
@@ -5181,6 +5184,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._log(ts.key, "pool", f"{old}->{new}")
             if priority != spec.priority:
                 self._log(ts.key, "priority", f"{spec.priority:g}->{priority:g}")
+            if self.feed_on:
+                self._records.append(
+                    ("moved", ts.key, spec.category, spec.pool, pool, spec.priority, priority)
+                )
             self._repool(ts, dataclasses.replace(spec, pool=pool, priority=priority))
             if wave:
                 self._in_wave(ts, True)

@@ -109,10 +109,11 @@ _log = get_logger("corral.monitoring")
 #: checkpoint a try started from, the seconds of work it held) and ``tries.unsaved``
 #: (of a try lost with its worker, the work no surviving checkpoint held), and the
 #: table ``checkpoints`` (each saved, each lost with every copy of it); 9:
-#: ``tasks.client`` (the name of the client that submitted the task)
-SCHEMA_VERSION = 9
+#: ``tasks.client`` (the name of the client that submitted the task); 10: the table
+#: ``moves`` (each waiting or queued task moved to another pool or priority)
+SCHEMA_VERSION = 10
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
+UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
 #: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
 #: only when there: see runtime/report.py)
@@ -185,6 +186,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
     event TEXT NOT NULL, worker TEXT, work REAL
 );
+CREATE TABLE IF NOT EXISTS moves (
+    run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, from_pool TEXT,
+    to_pool TEXT, from_priority REAL, to_priority REAL
+);
 CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
 CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
@@ -245,31 +250,23 @@ _CLIENT_V8_TO_V9 = """
 ALTER TABLE tasks ADD COLUMN client TEXT;
 UPDATE schema_version SET version = 9;
 """
+#: a version 9 file gets the table ``moves`` (made by :data:`SCHEMA`, after the upgrade,
+#: in the same transaction: see _create)
+_MOVES_V9_TO_V10 = """
+UPDATE schema_version SET version = 10;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
-_UPGRADES = {
-    2: _WORKERS_V2_TO_V3
-    + _TRIES_V3_TO_V4
-    + _FAILURES_V4_TO_V5
-    + _ACTIONS_V5_TO_V6
-    + _RETRIES_V6_TO_V7
-    + _CHECKPOINTS_V7_TO_V8
-    + _CLIENT_V8_TO_V9,
-    3: _TRIES_V3_TO_V4
-    + _FAILURES_V4_TO_V5
-    + _ACTIONS_V5_TO_V6
-    + _RETRIES_V6_TO_V7
-    + _CHECKPOINTS_V7_TO_V8
-    + _CLIENT_V8_TO_V9,
-    4: _FAILURES_V4_TO_V5
-    + _ACTIONS_V5_TO_V6
-    + _RETRIES_V6_TO_V7
-    + _CHECKPOINTS_V7_TO_V8
-    + _CLIENT_V8_TO_V9,
-    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
-    6: _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
-    7: _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
-    8: _CLIENT_V8_TO_V9,
-}
+_STEPS = (
+    _WORKERS_V2_TO_V3,
+    _TRIES_V3_TO_V4,
+    _FAILURES_V4_TO_V5,
+    _ACTIONS_V5_TO_V6,
+    _RETRIES_V6_TO_V7,
+    _CHECKPOINTS_V7_TO_V8,
+    _CLIENT_V8_TO_V9,
+    _MOVES_V9_TO_V10,
+)  #: each version's step to the next, from version 2's on
+_UPGRADES = {v: "".join(_STEPS[v - 2 :]) for v in UPGRADED_VERSIONS}
 #: what an older database lacks, said when one is opened
 _OLDER = (
     " (an older Corral wrote it: it has no disk columns in resource_samples and no "
@@ -293,7 +290,7 @@ PRUNED = {
     "tasks": "finished", "tries": "COALESCE(ended, started, sent)", "workers": "left",
     "blocks": "time", "resource_samples": "time", "transfers": "time",
     "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
-    "actions": "time", "checkpoints": "time",
+    "actions": "time", "checkpoints": "time", "moves": "time",
 }  # fmt: skip
 PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
 PRUNE_PIECE = 50_000  #: rowids gone through per transaction (readers and the writer go between)
@@ -1129,6 +1126,7 @@ _RETRY = (
     "(SELECT MAX(try) FROM tries WHERE run_id = ?3 AND key = ?4)"
 )
 _CHECKPOINT = "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)"
+_MOVE = "INSERT INTO moves VALUES (?, ?, ?, ?, ?, ?, ?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
 #: seconds a stopping recorder gives its writer to write what the run queued (a fast
@@ -1546,6 +1544,11 @@ class MonitorRecorder(Actor):
                     _, key, what, nbytes, source, target, took = rec
                     rows.add("event", _TRANSFER, (run, at, _safe(str(key)), what, nbytes,
                                                   source or None, target, took))  # fmt: skip
+                elif kind == "moved":  # to another pool or priority, waiting or queued
+                    _, key, category, was, pool, before, priority = rec
+                    k = _safe(str(key))
+                    task(k, category, at)[1] = pool  # its pool now, not at its next state
+                    rows.add("event", _MOVE, (run, at, k, was, pool, before, priority))
                 elif kind == "checkpoint":  # saved, or lost with every copy of it
                     _, key, seq, event, worker, work = rec
                     rows.add("event", _CHECKPOINT, (run, at, _safe(str(key)), seq, event,

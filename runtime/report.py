@@ -834,6 +834,16 @@ class _Run:
                 f"COUNT(*) FROM {tries} WHERE run_id = ?{during} AND moved_to IS NOT NULL "
                 "GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2", rid,
             ).fetchall()  # fmt: skip
+        #: (pool left, pool gone to, tasks, moves) of the waiting or queued tasks moved
+        #: by hand (``Cluster.move``, the console's ``move``: the table ``moves``, schema
+        #: version 10; no pool: ``any pool``); None: the file has no such table
+        self.hand_moves: list[tuple[str, str, int, int]] | None = None
+        if _columns(conn, "moves"):
+            self.hand_moves = conn.execute(
+                "SELECT COALESCE(from_pool, 'any pool'), COALESCE(to_pool, 'any pool'), "
+                f"COUNT(DISTINCT key), COUNT(*) FROM moves WHERE run_id = ?{self._during('time')} "
+                "GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2", rid,
+            ).fetchall()  # fmt: skip
         #: the columns ``unsaved``, ``resumed`` and the table ``checkpoints`` are there
         #: (schema version 8)
         self.checkpoints_known = "unsaved" in _columns(conn, "tries")
@@ -1472,8 +1482,8 @@ def _free_lost(conn: sqlite3.Connection) -> str:
 
 def _lost_cost(run: _Run) -> str:
     """What tries lost with their worker cost (:meth:`_Run._read_lost`), by cause: a
-    line of totals for preemption (:data:`PREEMPTION`), a table per cause, and the
-    tasks moved to another pool."""
+    line of totals for preemption (:data:`PREEMPTION`), a table per cause, the tasks
+    the retry policy moved to another pool, and those moved by hand."""
     pre = [r for r in run.lost if r[0] in PREEMPTION]
     known = run.retries_known
     line = f"{sum(r[1] for r in pre)} tries lost, {sum(r[2] for r in pre):.1f} s of work lost"
@@ -1509,6 +1519,12 @@ def _lost_cost(run: _Run) -> str:
                    "no start recorded", "free retries", "charged retries", "not retried"),
                   rows)
         + _counts(("tasks moved to another pool: from", "to", "tasks", "tries"), run.moves)
+        + (
+            _counts(("tasks moved by hand (Cluster.move, the console's move): from", "to",
+                     "tasks", "moves"), run.hand_moves)
+            if run.hand_moves is not None
+            else "<p>this file does not record tasks moved by hand (schema version 9 or older)</p>"
+        )
     )  # fmt: skip
 
 

@@ -127,6 +127,23 @@ def test_a_waiting_task_moved_keeps_its_inputs_and_runs_in_its_new_pool(
     assert assigned(finish(s, "g1", "train")) == {"g1": ["y"]}
 
 
+def test_each_task_moved_is_a_record_of_the_monitoring_feed_as_it_moves(
+    make_state: Factory,
+) -> None:
+    s = busy_gpu(make_state)
+    submit(s, {"x": [], "y": ["x"], "z": []}, ["y", "z"], pool="gpu")  # x, z queued; y waits
+    _, since, _ = s.feed_since(0, 0)  # a monitoring database reads the feed from here
+    move(s, ("x", "y", "train"), pool="cpu", priority=4)  # (train runs: not moved)
+    move(s, ("z",), priority=-1)
+    entries, _, lost = s.feed_since(since, 100)
+    moved = [r for _, records in entries for r in records if r[0] == "moved"]
+    assert lost == 0 and moved == [
+        ("moved", "x", "x", "gpu", "cpu", 0, 4),  # (key, category, pools, priorities)
+        ("moved", "y", "y", "gpu", "cpu", 0, 4),
+        ("moved", "z", "z", "gpu", "gpu", 0, -1),
+    ]
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_cluster_moves_a_task_from_a_pool_with_no_worker_and_it_runs() -> None:
