@@ -242,6 +242,11 @@ class MemoryConfig:
         return max(mark, self.at(self.spill)) if self.spill is not None else mark
 
     @property
+    def terminate_at(self) -> int | None:
+        """The terminate fence, bytes (None: turned off)."""
+        return self.at(self.terminate) if self.terminate is not None else None
+
+    @property
     def ceiling(self) -> int:
         """Bytes a producer's expected output may take an idle worker to, at most: the
         terminate fence (the limit with it off)."""

@@ -1016,6 +1016,7 @@ class Worker(Actor):
                 self._spill_refused_at,
                 store.spill_refused_why,
                 self.disk_dir,
+                cfg.terminate_at,
             )
         )
 

@@ -54,7 +54,6 @@ from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeysReused, KeyTaken
-from actors.scheduler_state import TERMINATE
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
@@ -444,8 +443,10 @@ def _past_limit_news(said: set[str], reply: StatusReply | None, manager: str) ->
     manager's status while this client's tasks wait; None: none waits, nothing is
     said) that ran past its terminate fence with its tasks in threads
     (``WorkerMemoryReport.past_peak``), which that fence cannot kill, and is still high
-    by its latest memory report (throttled, or its RSS at or past the terminate fence:
-    ``TERMINATE`` of its limit; a worker reports as it stops throttling). A worker
+    by its latest memory report (throttled, or its RSS at or past its own terminate
+    fence, ``WorkerMemoryReport.terminate_at``, where its ``memory_options`` put it, or
+    its limit when that fence is off or not told; a worker reports as it stops
+    throttling). A worker
     whose memory came back down long ago is not told of: its ``past_peak`` stays for
     as long as it is connected. ``said``: the workers told of already. Returns those
     told of that still are past it (a worker that left, or was told of and is no
@@ -455,7 +456,8 @@ def _past_limit_news(said: set[str], reply: StatusReply | None, manager: str) ->
     past = {
         w: m
         for w, m in sorted(reply.memory.items())
-        if m.past_peak and (m.throttled or m.rss >= TERMINATE * m.limit)
+        if m.past_peak
+        and (m.throttled or m.rss >= (m.limit if m.terminate_at is None else m.terminate_at))
     }
     for w, m in past.items():
         if w in said:

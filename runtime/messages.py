@@ -202,8 +202,7 @@ class WorkerMemoryReport(Message):
     """Worker -> scheduler: its memory and disk state, sent when it starts or stops
     throttling, when its bytes on disk change (a spill, a write, a drop) or its disk's
     free space moves, and when a cancelled task's thread was abandoned or holds its
-    slot (``held``). ``throttle_at``
-    and ``limit`` are bytes."""
+    slot (``held``). ``throttle_at``, ``limit`` and ``terminate_at`` are bytes."""
 
     worker_id: str
     throttled: bool
@@ -247,6 +246,11 @@ class WorkerMemoryReport(Message):
     spill_refused_at: float = 0.0
     spill_refused_why: str = ""
     spill_dir: str = ""
+    #: its terminate fence, bytes (``terminate`` of its ``memory_options`` times
+    #: ``limit``); None: turned off (``terminate = "off"``), or a report that does not
+    #: tell it. The client compares ``rss`` with it (``limit`` when None) to say whether
+    #: a worker past its limit is still high
+    terminate_at: int | None = None
 
 
 @message()

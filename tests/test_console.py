@@ -1270,8 +1270,9 @@ def test_a_worker_whose_memory_came_back_down_is_not_told_of_to_a_new_client() -
 
     def status(rss: int, throttled: bool) -> StatusReply:
         report = WorkerMemoryReport(
-            "cpu-1.0", throttled, rss, 358 * MiB, 512 * MiB, past_peak=870 * MiB
-        )
+            "cpu-1.0", throttled, rss, 358 * MiB, 512 * MiB, past_peak=870 * MiB,
+            terminate_at=int(0.95 * 512 * MiB),
+        )  # fmt: skip
         return StatusReply(memory={"cpu-1.0": report})
 
     with log_lines("corral.client", logging.WARNING) as log:
@@ -1280,6 +1281,33 @@ def test_a_worker_whose_memory_came_back_down_is_not_told_of_to_a_new_client() -
         assert _past_limit_news(set(), status(400 * MiB, True), "m") == {"cpu-1.0"}
         assert _past_limit_news(set(), status(500 * MiB, False), "m") == {"cpu-1.0"}
         assert len(log.lines) == 2 and "worker='cpu-1.0'" in log.lines[0]
+
+
+def test_a_worker_past_its_limit_is_still_high_by_its_own_terminate_fence() -> None:
+    """Review 1207b, finding 7: whether a worker past its limit is still high was its
+    RSS against the default terminate fence (95% of its limit), not its own: a worker
+    with ``terminate = 0.8`` (``memory_options``) at 85% of its limit, no longer
+    throttled, was not told of. Now its memory report carries its fence
+    (``terminate_at``); with the fence off (or not told) its limit is the mark."""
+
+    def status(rss: int, terminate_at: int | None, throttled: bool = False) -> StatusReply:
+        report = WorkerMemoryReport(
+            "w0", throttled, rss, 358 * MiB, 1000 * MiB, past_peak=1100 * MiB,
+            terminate_at=terminate_at,
+        )  # fmt: skip
+        return StatusReply(memory={"w0": report})
+
+    with log_lines("corral.client", logging.WARNING) as log:
+        # terminate = 0.8: at 850 MiB of 1000 it is past its fence, under the default's
+        assert _past_limit_news(set(), status(850 * MiB, 800 * MiB), "m") == {"w0"}
+        assert _past_limit_news(set(), status(790 * MiB, 800 * MiB), "m") == set()
+        # terminate = 0.99: at 960 MiB (past the default's 950) it is under its own
+        assert _past_limit_news(set(), status(960 * MiB, 990 * MiB), "m") == set()
+        # terminate off (or not told): its limit; throttled, it is still high
+        assert _past_limit_news(set(), status(999 * MiB, None), "m") == set()
+        assert _past_limit_news(set(), status(1000 * MiB, None), "m") == {"w0"}
+        assert _past_limit_news(set(), status(999 * MiB, None, True), "m") == {"w0"}
+        assert len(log.lines) == 3 and all("worker='w0'" in ln for ln in log.lines)
 
 
 def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -> None:

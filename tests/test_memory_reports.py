@@ -126,22 +126,31 @@ def run(key: str, func: Callable[..., Any], *args: Any) -> ToRun:
     return ToRun(key, Task(key, func, *args), key.split("-")[0], ())
 
 
-@pytest.mark.anyio
-async def test_an_idle_worker_reports_its_rss_without_running_a_task(tmp_path: Path) -> None:
-    """A worker that joined and runs nothing tells its RSS (100 MB of a 64 GiB limit,
-    far below a step) within about a second. Before, the scheduler, the metrics and the
-    dashboard showed RSS 0 until its first result came back (an audit saw 90 s of 0)."""
+async def first_report(
+    tmp_path: Path, memory: int, **options: Any
+) -> tuple[WorkerMemoryReport, SchedulerRecorder]:
+    """The first memory report of an idle worker of ``memory`` bytes whose RSS is
+    100 MB (``options``: more of its ``memory_options``), and the scheduler stand-in."""
     sched = SchedulerRecorder()
     with anyio.fail_after(30):
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
             w = Worker(
-                "w1", sref, lambda _: None, memory=64 * GIB, probe=lambda: 100 * MB,
-                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+                "w1", sref, lambda _: None, memory=memory, probe=lambda: 100 * MB,
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01, **options},
             )  # fmt: skip
             await system.spawn(w, "w1")
             await sched.until(lambda: bool(sched.reports))
-    assert sched.reports[0].rss == 100 * MB and not sched.done
+    return sched.reports[0], sched
+
+
+@pytest.mark.anyio
+async def test_an_idle_worker_reports_its_rss_without_running_a_task(tmp_path: Path) -> None:
+    """A worker that joined and runs nothing tells its RSS (100 MB of a 64 GiB limit,
+    far below a step) within about a second. Before, the scheduler, the metrics and the
+    dashboard showed RSS 0 until its first result came back (an audit saw 90 s of 0)."""
+    report, sched = await first_report(tmp_path, 64 * GIB)
+    assert report.rss == 100 * MB and not sched.done
 
 
 @pytest.mark.anyio
@@ -174,6 +183,18 @@ async def test_a_worker_reports_outputs_held_and_rss_that_move_below_every_fence
             await sched.until(lambda: sched.reports[-1].memory_bytes == 0)
     assert not any(r.throttled or r.spilled_bytes for r in sched.reports)
     assert sched.reports[-1].limit == 1000 * MB and sched.reports[-1].rss == 300 * MB
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("terminate", "fence"), [(0.8, 800 * MB), (0.95, 950 * MB), (None, None)])
+async def test_a_worker_reports_its_own_terminate_fence(
+    tmp_path: Path, terminate: float | None, fence: int | None
+) -> None:
+    """A worker's memory report carries its terminate fence in bytes, where its
+    ``memory_options`` put it (None: turned off), which a client compares its RSS with
+    (review 1207b, finding 7: the client used the default fraction)."""
+    report, _ = await first_report(tmp_path, 1000 * MB, terminate=terminate)
+    assert report.terminate_at == fence
 
 
 class HoldsRecorder(SchedulerRecorder):
