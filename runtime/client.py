@@ -1490,11 +1490,16 @@ class Future:
         return value
 
     async def exception(self) -> BaseException | None:
+        """Wait, then the exception awaiting it would raise (None: it finished): a copy
+        of the error the client keeps for its key, as ``result()`` raises
+        (:func:`_raised_copy`), so what is done to it (raised, a note added) stays off
+        the kept one and off what the next ``await`` or ``exception()`` gives."""
         await self.wait()
         if self.released:
             return released_error(self.key, "awaited")
-        upd = self._watch.update
-        return _task_error(self._watch, root_errors=False) if not isinstance(upd, KeyDone) else None
+        if isinstance(self._watch.update, KeyDone):
+            return None
+        return _raised_copy(_task_error(self._watch, root_errors=False))
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -1574,13 +1579,17 @@ def _raised_copy(err: BaseException) -> BaseException:
     their futures (``fut = submit(...)``; ``await fut`` in a ``try``): the futures were
     never let go, their keys held on the cluster for as long as the client ran (an
     asyncio service's audit: 2,000 failed requests, 2,000 keys held). ``err`` itself when
-    its type cannot be made again from its ``args`` (a constructor of its own)."""
+    its type cannot be made again from its ``args`` (a constructor of its own).
+    ``Future.exception()`` gives such a copy too."""
     try:
         new = copy.copy(err)
     except Exception:
         return err
     if type(new) is not type(err) or new.args != err.args:
         return err
+    # Its own attributes: with tblib's reducer registered for exceptions (importing dask
+    # does it), copy.copy gives most of them the kept error's own __dict__, notes and all.
+    new.__dict__ = dict(vars(err))
     notes = getattr(err, "__notes__", None)
     if notes is not None:  # (one rebuilt from its fields by its __reduce__ lacks them)
         new.__notes__ = list(notes)

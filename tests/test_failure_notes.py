@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -99,7 +100,7 @@ async def check_notes(cluster: Cluster) -> None:
     note = note_of(info.value)
     assert (note["key"], note["n"], note["of"]) == (f.key, "3", "3")
     assert note["worker"] == (await ran_on(cluster, f.key))[-1]
-    kept = await f.exception()  # (what is raised is a copy of it: _raised_copy)
+    kept = await f.exception()  # (a copy of the kept error, as what is raised)
     assert type(kept) is ValueError and kept.args == info.value.args
     assert kept.__notes__ == info.value.__notes__ and lines(kept) < min(long)
     noted = info.value.__notes__
@@ -174,20 +175,73 @@ async def _request(cluster: Cluster) -> str:
     return "ok"
 
 
+async def _request_raising_its_exception(cluster: Cluster) -> str:
+    """The same handler, taking the future's ``exception()`` and raising it (to log
+    it with its traceback, say)."""
+    fut = cluster.submit(boom, pure=False)
+    err = await fut.exception()
+    try:
+        if err is not None:
+            raise err
+    except ValueError:
+        return "error"
+    return "ok"
+
+
 @pytest.mark.anyio
-async def test_a_failed_future_awaited_in_a_handler_is_let_go_with_its_key() -> None:
+@pytest.mark.parametrize("request_", [_request, _request_raising_its_exception])
+async def test_a_failed_future_awaited_in_a_handler_is_let_go_with_its_key(
+    request_: Callable[[Cluster], Awaitable[str]],
+) -> None:
     """A future awaited and failed, then out of scope, is let go and its key with it:
     the error the client keeps for the key must not hold the awaiting frames (an
-    asyncio service's audit: every failed request kept its key on the cluster)."""
+    asyncio service's audit: every failed request kept its key on the cluster). So for
+    a handler that raises what ``exception()`` gave: that was the kept error itself,
+    which took the handler's frame, and its future, with the raise."""
     import gc
 
     with anyio.fail_after(LIMIT):
         async with Cluster(workers=2) as cluster:
             async with anyio.create_task_group() as tg:
                 for _ in range(20):
-                    tg.start_soon(_request, cluster)
+                    tg.start_soon(request_, cluster)
             gc.collect()
             with anyio.fail_after(20):  # the releases go in a batch: until the status says so
                 while held := (await cluster.status())["wanted_keys"]:
                     assert held <= 20, held
                     await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+async def test_what_is_done_to_a_futures_exception_stays_off_the_kept_error() -> None:
+    """``exception()`` gave the error the client keeps for the key, where ``await``
+    raises a copy of it: a note the user added to it, or the frames of raising it, went
+    on the kept error, into what the next ``await`` and ``exception()`` give. Now it
+    gives a copy too (type, args, notes, cause and the traceback it came with). And the
+    copy ``await`` raised shared the kept error's attributes (``__dict__``: copy.copy
+    with tblib's reducer, which importing dask registers), so a note added to it went
+    on the kept error too."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            f = cluster.submit(boom)
+            first = await f.exception()
+            assert type(first) is ValueError
+            notes, long = list(first.__notes__), lines(first)
+            first.add_note("seen by the request handler")
+            for _ in range(2):
+                with pytest.raises(ValueError):
+                    raise first
+            assert lines(first) > long  # (the user's copy took the frames)
+            again = await f.exception()
+            assert again is not first and type(again) is ValueError
+            assert again.args == first.args and again.__notes__ == notes
+            assert lines(again) == long
+            with pytest.raises(ValueError) as info:
+                await f
+            assert info.value.__notes__ == notes
+            info.value.add_note("seen by another handler")
+            info.value.code = 7  # type: ignore[attr-defined]
+            with pytest.raises(ValueError) as info:
+                await f
+            for err in (info.value, await f.exception()):
+                assert err.__notes__ == notes and not hasattr(err, "code")
