@@ -1398,6 +1398,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     try:
         alerting = load_alerting(args.config, refuse=refuse)  # its alert rules and settings
         results += [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
+        results += [
+            CheckResult("*", "alert rule", WARN, said, advice)
+            for said, advice in alerting.replaced_defaults()
+        ]
         if alerting.alertmanager:  # it answers (bounded): a WARN says why not
             results.append(anyio.run(check_alertmanager, alerting.alertmanager))
     except AlertConfigError as exc:

@@ -134,13 +134,43 @@ class AlertingConfig:
         """The rules in force at start (the defaults, then these; one of these with a
         default rule's name replaces it), parsed: :class:`AlertConfigError` for a bad
         one."""
-        by_name: dict[str, AlertRule] = {}
-        if self.default_rules:
-            for rule in parse_rules(DEFAULT_RULES, SAMPLE_LABELS):
-                by_name[rule.name] = rule
+        by_name = self._defaults()
         for rule in parse_rules(list(self.rules), SAMPLE_LABELS, pools=self.pools):
             by_name[rule.name] = rule
         return list(by_name.values())
+
+    def _defaults(self) -> dict[str, AlertRule]:
+        """The default rules in force, by name (none with ``default_rules`` off)."""
+        rules = parse_rules(DEFAULT_RULES, SAMPLE_LABELS) if self.default_rules else []
+        return {rule.name: rule for rule in rules}
+
+    def replaced_defaults(self) -> list[tuple[str, str]]:
+        """For each of these rules named as a default rule (``default_rules`` on), which
+        it replaces whole, what ``check --config`` says (a WARN): that it does, and
+        what of the default's labels and annotations it drops (:func:`replaced_rule`),
+        and what to do to keep both (another name). The manager itself says nothing of
+        it: replacing a default is how its threshold is changed."""
+        defaults = self._defaults()
+        said = []
+        for rule in parse_rules(list(self.rules), SAMPLE_LABELS, pools=self.pools):
+            old = defaults.get(rule.name)
+            if old is None:
+                continue
+            dropped = replaced_rule(old, rule)
+            labels = ", ".join(f"{k}={v}" for k, v in dropped["dropped_labels"].items())
+            annotations = ", ".join(dropped["dropped_annotations"])
+            drops = [f"its {kind} {names}" for kind, names in (("labels", labels),
+                     ("annotations", annotations)) if names]  # fmt: skip
+            what = f"; yours drops {' and '.join(drops)}" if drops else (
+                "; yours gives all its labels and annotations again")  # fmt: skip
+            said.append((
+                f"alert rule {rule.name!r} replaces the default rule {old.name!r}: the "
+                f"default does not run, and nothing of it is kept{what}",
+                f"To run both, give yours another name than {old.name!r}; to replace it, "
+                "give again what you keep of it (its labels and annotations: "
+                "docs/monitoring.md#default-rules)",
+            ))  # fmt: skip
+        return said
 
     def warnings(self) -> list[str]:
         """What may keep a rule from ever firing though it is valid (a ``pool="X"`` of

@@ -16,7 +16,7 @@ import pytest
 from actors.alerts_state import DEFAULT_RULES, parse_rule
 from runtime.console import ConsoleClient, replaced_text
 from runtime.metrics import SAMPLE_LABELS
-from runtime.monitor import replaced_rule
+from runtime.monitor import alerting_config, replaced_rule
 from tests.helpers import nodes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -60,6 +60,29 @@ def test_what_a_replacing_rule_drops_and_how_it_is_said() -> None:
     assert replaced_text(replaced_rule(old, old)) == (
         "replaces rule CorralQueueTime; it drops none of its labels and annotations"
     )
+
+
+def test_a_config_rule_named_as_a_default_is_said_to_replace_it() -> None:
+    """An ``[[alerts]]`` rule of a default rule's name replaces that default whole, and
+    neither the manager nor ``check --config`` said so: a user who meant to add a rule
+    beside the default lost the default. Now ``check --config`` warns (these lines),
+    naming the default and what of it the rule drops, and how to keep both."""
+    mine = {"name": "Mine", "expr": "corral_workers > 1"}
+    raised = {"name": "CorralQueueTime", "expr": RAISED, "labels": {"team": "corral"}}
+    config = alerting_config(rules=[raised, mine])
+    assert config.replaced_defaults() == [(
+        "alert rule 'CorralQueueTime' replaces the default rule 'CorralQueueTime': the "
+        "default does not run, and nothing of it is kept; yours drops its labels "
+        "priority=P2 and its annotations summary, description",
+        "To run both, give yours another name than 'CorralQueueTime'; to replace it, give "
+        "again what you keep of it (its labels and annotations: "
+        "docs/monitoring.md#default-rules)",
+    )]  # fmt: skip
+    whole = alerting_config(rules=[{**_default("CorralQueueTime"), "expr": RAISED}])
+    ((said, _),) = whole.replaced_defaults()
+    assert said.endswith("nothing of it is kept; yours gives all its labels and annotations again")
+    assert alerting_config(rules=[mine]).replaced_defaults() == []
+    assert alerting_config({"default_rules": False}, [raised]).replaced_defaults() == []
 
 
 def _doc_sample(doc: str, prompt: str) -> tuple[str, list[str]]:

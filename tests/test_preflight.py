@@ -125,6 +125,34 @@ expr = 'corral_queue_depth{pool="heer"} > 0 or corral_queue_depth{pool="here"} >
     assert ("*", "alert rule") not in results(done)
 
 
+def test_a_rule_named_as_a_default_rule_is_a_warning_that_says_how_to_keep_both(
+    tmp_path: Path,
+) -> None:
+    """`check --config` passed an `[[alerts]]` rule named `CorralQueueTime` without a word,
+    though it replaces the default rule of that name whole (the manager says nothing
+    either): it names the default, what of it the rule drops, and how to keep both."""
+    rule = """
+[[alerts]]
+name = "CorralQueueTime"
+expr = "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 600"
+for = "5m"
+labels = {team = "corral", priority = "P3"}
+"""
+    done = check(tmp_path, LOCAL + rule, "--no-probe", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr  # a warning, not a failure
+    said = results(done)[("*", "alert rule")]
+    assert said["status"] == WARN
+    assert said["detail"] == (
+        "alert rule 'CorralQueueTime' replaces the default rule 'CorralQueueTime': the "
+        "default does not run, and nothing of it is kept; yours drops its annotations "
+        "summary, description"
+    )
+    assert said["advice"].startswith("To run both, give yours another name than ")
+    done = check(tmp_path, LOCAL + rule.replace("CorralQueueTime", "SlowQueue"), "--no-probe",
+                 "--json")  # fmt: skip
+    assert ("*", "alert rule") not in results(done)
+
+
 def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
