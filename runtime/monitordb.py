@@ -623,7 +623,7 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 to 8 becomes version 9, in the caller's transaction:
+    """A file of version 2 to 9 becomes version 10, in the caller's transaction:
     from 2 (a row per worker id) its workers' rows become their first lives (version
     3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
@@ -635,7 +635,9 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     from 7, its tries get ``resumed``, ``resumed_work`` and ``unsaved``, empty in the
     rows they have (not recorded: the report says so), and the table ``checkpoints``
     (the caller makes it with the schema), with no row for its runs; from 8, its
-    tasks get ``client``, empty in the rows they have."""
+    tasks get ``client``, empty in the rows they have; from 9, it gets the table
+    ``moves`` (the caller makes it with the schema), with no row for its runs (their
+    moves were in the tasks' stories only)."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -648,7 +650,7 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     _log.info(
         f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
         "try waits, tracebacks, released outputs, why tasks that did not run erred, "
-        "alert actions, retries, checkpoints)",
+        "alert actions, retries, checkpoints, clients, task moves)",
         was=row[0],
     )
 
