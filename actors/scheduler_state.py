@@ -5369,7 +5369,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         it ends or passes its bound, ``_executing_bound``: a try with no ``timeout=``
         may hang for ever), a consumer runs on one of them (it may free memory; one
         past its bound does not count, nor one waiting on a worker whose every thread
-        runs such a try), one is ready and a worker of the pool has room
+        runs such a try, is held by a stopped try or runs a speculative copy), one is
+        ready and a worker of the pool has room
         for it (``_room_for``: a consumer waiting for slots or cores that deferred
         producers hold waits for ever), or nothing of the pool waits but tries past
         their bound (memory held is the results). No scan of tasks: its workers, the
@@ -5384,9 +5385,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if sum(len(ws.began) for ws in workers.values()) > len(hung):
             return "a try executes"
         # Every try executing there is past its bound now: a consumer executing is one
-        # of them, and one waiting on a worker whose every thread runs one waits for ever.
+        # of them, and one waiting on a worker whose every thread runs one, is held by a
+        # stopped try or runs a speculative copy (``_cores_held``) waits behind them.
         if any(
-            len(ws.began) < ws.cores
+            len(ws.began) + _cores_held(ws) < ws.cores
             and len(ws.processing) - ws.n_producers > sum(not ts.producer for ts in ws.began)
             for ws in workers.values()
         ):

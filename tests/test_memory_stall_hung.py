@@ -1,0 +1,70 @@
+"""The memory watchdog's bound for hung tries (actors/scheduler_state.py,
+``_memory_moves``, ``_fail_stalled``; docs/memory.md, "A task that runs is not a
+stall, up to its bound"): what counts as waiting behind a try past its bound, and what
+a stall declared then fails.
+
+Review 1207c: a consumer queued on a worker whose other thread a stopped try held
+counted as running (F2). Pure-core tests with a virtual clock, exact commands out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.scheduler_events import (
+    CancelOnWorker,
+    FileFacts,
+    GraphSubmitted,
+    KeyErred,
+    TasksFinished,
+    TasksRunning,
+    WorkerJoined,
+    WorkerMemory,
+)
+from actors.scheduler_state import SchedulerState
+from runtime.errors import MemoryStalled
+from tests.helpers import GB, MB, Factory, make_state, of, on, result, run, specs_for
+from tests.test_scheduler_memory import at, tick
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+
+def throttle(s: SchedulerState, worker: str, now: float, held: int = 0) -> list[Any]:
+    return run(s, WorkerMemory(
+        stimulus_id=f"mem-{worker}-{now}", now=now, worker=worker, throttled=True,
+        rss=int(0.75 * GB), throttle_at=int(0.7 * GB), limit=GB, held=held,
+    ))  # fmt: skip
+
+
+def test_a_consumer_behind_a_hung_try_and_a_held_thread_is_no_progress(
+    make_state: Factory,
+) -> None:
+    """Two cores on w1: load-1 hangs on one, a stopped try holds the other
+    (``WorkerMemory.held``). ``sum-0``, sent there, can never start: past load-1's bound
+    the stall fires (F2; "a consumer runs" for ever)."""
+    s = make_state(stall_timeout=5.0, unknown_long=False)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=2, memory=GB, pool="default"))
+    table: dict[str, list[str]] = {f"load-{i}": [] for i in range(6)}
+    table["sum-0"] = ["load-0"]
+    run(s, at(2.0, GraphSubmitted, specs=specs_for(s, table, list(table)), wanted=tuple(table)))
+    done = result("load-0", duration=0.1, nbytes=300 * MB)
+    run(s, at(90.0, TasksFinished, worker="w1", results=(done,)))
+    assert on(s, "w1") == {"load-1", "load-2", "load-3", "sum-0"}
+    run(s, TasksRunning("ran", 99.0, "w1", (("load-1", 0, 0.5),)))
+    assert throttle(s, "w1", 100.0, held=1) == []
+    for now in (200.0, 248.5):  # load-1 executes within its bound
+        assert tick(s, now) == [] and not s.stalled_since
+    assert tick(s, 249.0) == [] and s.stalled_since == {"*": 249.0}
+    cmds = tick(s, 254.0)
+    assert [(type(c), getattr(c, "key", None)) for c in cmds] == [
+        (CancelOnWorker, None), (KeyErred, "sum-0"), (KeyErred, "load-5"),
+        (KeyErred, "load-4"), (CancelOnWorker, None), (KeyErred, "load-3"),
+        (CancelOnWorker, None), (KeyErred, "load-2"), (CancelOnWorker, None),
+        (KeyErred, "load-1"), (FileFacts, None),
+    ]  # fmt: skip
+    assert [c.keys for c in of(cmds, CancelOnWorker)] == [
+        ("sum-0",), ("load-3",), ("load-2",), ("load-1",),
+    ]  # fmt: skip
+    err = cmds[1].error
+    assert isinstance(err, MemoryStalled) and (err.waiting, err.stalled_for) == (4, 5.0)
+    assert err.executing == [("load-1", "w1", 155.5, 150.0)]
+    assert not on(s, "w1") and not s.stalled_since
