@@ -149,9 +149,10 @@ that executes ends, or is killed, and frees its memory; but one that has execute
 longer than its bound, ``_executing_bound``, may hang for ever and no longer counts),
 and nothing finishes on them for ``stall_timeout`` seconds, and no task elsewhere
 reads an output held there (``_read_elsewhere``), the pool's active tasks fail with
-:class:`~runtime.errors.MemoryStalled` (a try past its bound among them) and the other
-pools run on; tasks of any pool (``"*"``) only when every worker that may run them is,
-and then every active task but a reserved pool's fails.
+:class:`~runtime.errors.MemoryStalled` (the tries past their bound there among them,
+of whatever pool) and the other pools run on; tasks of any pool (``"*"``) only when
+every worker that may run them is, and then every active task but a reserved pool's
+fails.
 A pool with a worker away is not stalled while it is away.
 
 Memory admission: a task whose inputs alone are larger than the memory limit of every
@@ -5498,21 +5499,24 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _fail_stalled(self, key: str, stalled_for: float) -> None:
         """Pool ``key`` stalled for memory: its tasks still to run (every task's, for
-        ``"*"``) and its tries executing past their bound (``_hung_tries``: named in
-        ``MemoryStalled.executing``, not counted as waiting) fail with
-        :class:`~runtime.errors.MemoryStalled`, with the account of its workers. One
-        pass over the tasks, made only when a stall is declared."""
+        ``"*"``) and the tries executing past their bound on its workers, of whatever
+        pool (``_hung_tries``: named in ``MemoryStalled.executing``, not counted as
+        waiting), fail with :class:`~runtime.errors.MemoryStalled`, with the account of
+        its workers. One pass over the tasks, made only when a stall is declared."""
         pool = pool_of_key(key)
         members = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         workers = list(members.values())
         reserved = self.config.reserved_pools
-        active = [
-            ts for ts in self.tasks.values()
+        active = {
+            ts: None
+            for ts in self.tasks.values()
             if ts.state in ACTIVE
             and runs_on(pool, ts.spec.pool, reserved)  # (a worker of its pool is one of those)
-        ]  # fmt: skip
+        }
         holding = self._holding(None if pool is None else set(members), files=False)
         hung = {h[0]: h for h in self._hung_tries(members)}
+        # A hung try of no pool on a pool's worker held it too: it fails with it, named.
+        active.update(dict.fromkeys(hung))
         executing = [(ts.key, *hung[ts][1:]) for ts in active if ts in hung]
         producers = [ts for ts in active if ts.producer and ts not in hung]
         needed = 0

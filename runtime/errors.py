@@ -1238,11 +1238,12 @@ class MemoryStalled(CorralError):
     ``spill_refused``: ``(worker, spill directory, spills refused, seconds since the
     latest)`` of the workers whose spills found no disk room, the latest at most ten
     ``stall_timeout``s before (an older refusal has cleared since).
-    ``executing``: ``(key, worker, seconds executed, bound)`` of the tries that had
-    executed longer than the watchdog waits for a try (its bound, docs/memory.md: a
-    number of ``stall_timeout``s, twice its category's longest ok try or its
-    ``timeout=``, whichever is longest), which no longer held the watchdog off and fail
-    too (not counted in ``waiting``).
+    ``executing``: ``(key, worker, seconds executed, bound)`` of the tries on those
+    workers (of whatever pool) that had executed longer than the watchdog waits for a
+    try (its bound, docs/memory.md: a number of ``stall_timeout``s, twice its
+    category's longest ok try or its ``timeout=``, whichever is longest), which no
+    longer held the watchdog off and fail too (not counted in ``waiting``; with no
+    output held, the message says they may hold the memory).
     """
 
     def __init__(
@@ -1268,8 +1269,15 @@ class MemoryStalled(CorralError):
             return memory_sizes(n, top=top)[0]
 
         held = "; ".join(f"{c!r} {size(b)} in {n} outputs" for c, b, n in holding[:5])
+        n = len(executing)
+        culprit = (
+            f"the tr{'ies' if n != 1 else 'y'} past {'their' if n != 1 else 'its'} bound "
+            "named above may hold it, or something else does"
+            if executing
+            else "something else takes it"
+        )
         other = (
-            "something else takes it (a task that keeps data in a global or a cache, a "
+            f"{culprit} (a task that keeps data in a global or a cache, a "
             "library's memory pool, memory the process has not given back). "
             f"{RESTART_ADVICE[0].upper()}{RESTART_ADVICE[1:]}, or give them more memory."
         )
@@ -1324,7 +1332,6 @@ class MemoryStalled(CorralError):
                 for key, w, ran, bound in executing[:5]
             )
             more = f" and {len(executing) - 5} more" if len(executing) > 5 else ""
-            n = len(executing)
             hung = (
                 f" {n} tr{'ies' if n != 1 else 'y'} executed longer than the watchdog "
                 f"waits for a try, which may never end, and fail{'s' * (n == 1)} too: "

@@ -4,7 +4,9 @@ stall, up to its bound"): what counts as waiting behind a try past its bound, an
 a stall declared then fails.
 
 Review 1207c: a consumer queued on a worker whose other thread a stopped try held
-counted as running (F2). Pure-core tests with a virtual clock, exact commands out."""
+counted as running (F2); a pool's stall discounted a hung try of no pool on its worker
+but neither failed nor named it (F3). Pure-core tests with a virtual clock, exact
+commands out."""
 
 from __future__ import annotations
 
@@ -68,3 +70,37 @@ def test_a_consumer_behind_a_hung_try_and_a_held_thread_is_no_progress(
     assert isinstance(err, MemoryStalled) and (err.waiting, err.stalled_for) == (4, 5.0)
     assert err.executing == [("load-1", "w1", 155.5, 150.0)]
     assert not on(s, "w1") and not s.stalled_since
+
+
+def test_a_pools_stall_fails_and_names_the_hung_try_of_no_pool_that_held_it(
+    make_state: Factory,
+) -> None:
+    """``stray`` (of no pool) hangs on w1, the only worker of pool cpu; w2 (pool other)
+    is not throttled, so "*" is not stalled. cpu's loads wait: its stall fires past the
+    bound, and fails ``stray`` with them, named in ``executing`` and cancelled on w1
+    (F3; the error blamed "something else" and ``stray`` ran on)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="cpu"))
+    run(s, at(2.0, GraphSubmitted, specs=specs_for(s, {"stray": []}, ["stray"]),
+              wanted=("stray",)))  # fmt: skip
+    run(s, TasksRunning("ran", 99.0, "w1", (("stray", 0, 0.5),)))
+    run(s, at(99.5, WorkerJoined, worker="w2", cores=1, memory=GB, pool="other"))
+    keys = [f"load-{i}" for i in range(3)]
+    specs = specs_for(s, dict.fromkeys(keys, ()), keys, pool="cpu")
+    run(s, at(99.7, GraphSubmitted, specs=specs, wanted=tuple(keys)))
+    assert on(s, "w1") == {"stray"} and not on(s, "w2")
+    assert throttle(s, "w1", 100.0) == []
+    assert tick(s, 248.5) == [] and not s.stalled_since
+    assert tick(s, 249.0) == [] and s.stalled_since == {"cpu": 249.0}
+    cmds = tick(s, 254.0)
+    assert [type(c) for c in cmds] == [KeyErred] * 3 + [CancelOnWorker, KeyErred]
+    assert [c.key for c in of(cmds, KeyErred)] == ["load-2", "load-1", "load-0", "stray"]
+    assert cmds[3] == CancelOnWorker("tick-254.0", "w1", ("stray",))
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and (err.pool, err.waiting) == ("cpu", 3)
+    assert err.executing == [("stray", "w1", 155.5, 150.0)]
+    assert (
+        "No output is in their memory: the try past its bound named above may hold it, or "
+        "something else does (a task that keeps data in a global"
+    ) in str(err)
+    assert s.tasks["stray"].state == "erred" and not on(s, "w1")
