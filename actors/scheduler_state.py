@@ -151,8 +151,11 @@ and nothing finishes on them for ``stall_timeout`` seconds, and no task elsewher
 reads an output held there (``_read_elsewhere``), the pool's active tasks fail with
 :class:`~runtime.errors.MemoryStalled` (the tries past their bound there among them,
 of whatever pool) and the other pools run on; tasks of any pool (``"*"``) only when
-every worker that may run them is, and then every active task but a reserved pool's
-fails.
+every worker that may run them is, and then every active task of no pool or of a pool
+with a worker but a reserved pool's fails (``_stalls_with``). What waits, for a pool
+and for ``"*"``: a task it would fail that is ready or sent there and not executing,
+never one waiting for its inputs (a hung try's own dependents wait for it alone: no
+stall).
 A pool with a worker away is not stalled while it is away.
 
 Memory admission: a task whose inputs alone are larger than the memory limit of every
@@ -5333,7 +5336,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         clock starts again); the other pools run on. ``"*"`` (the tasks of no pool, which
         any worker but a reserved pool's may run) only when every such worker is
         throttled (an idle worker of a reserved pool cannot run them), and then every
-        task still to run but a reserved pool's fails (a try past its bound among them).
+        task still to run of no pool or of a pool with a worker, but a reserved pool's,
+        fails (``_stalls_with``; the tries past their bound among them).
         O(pools) per event: a pool's workers, and the tries executing there, are looked
         at only while every one of them is throttled, the running and ready tasks only
         when its clock runs out, its tasks only when it fails."""
@@ -5371,19 +5375,19 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         may hang for ever), a consumer runs on one of them (it may free memory; one
         past its bound does not count, nor one waiting on a worker whose every thread
         runs such a try, is held by a stopped try or runs a speculative copy), one is
-        ready and a worker of the pool has room
-        for it (``_room_for``: a consumer waiting for slots or cores that deferred
-        producers hold waits for ever), or nothing of the pool waits but tries past
-        their bound (memory held is the results). No scan of tasks: its workers, the
-        tries executing there, the ready heads, the counters."""
+        ready and a worker of the pool has room for it (``_room_for``: a consumer
+        waiting for slots or cores that deferred producers hold waits for ever), or
+        nothing it would fail (``_stalls_with``) waits for memory: is ready, or sent to
+        its workers and not executing (memory held is the results; a task waiting for
+        its inputs, a hung try's own dependents among them, waits for them). No scan of
+        tasks: its workers, the tries executing there, the ready heads, the counters."""
         pool = pool_of_key(key)
         if pool is not None and not self.pool_tasks[pool]:
             return "nothing of the pool to run"
         workers = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         if any(ws.away is not None for ws in workers.values()):
             return "a worker is away"
-        hung = self._hung_tries(workers)
-        if sum(len(ws.began) for ws in workers.values()) > len(hung):
+        if sum(len(ws.began) for ws in workers.values()) > len(self._hung_tries(workers)):
             return "a try executes"
         # Every try executing there is past its bound now: a consumer executing is one
         # of them, and one waiting on a worker whose every thread runs one, is held by a
@@ -5402,17 +5406,25 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
             if heap and any(self._room_for(heap[0][3], ws) for ws in workers.values()):
                 return "a consumer can still be placed"
-        if pool is None:
-            counts = self.by_state
-            if sum(counts.get(state, 0) for state in ACTIVE) <= len(hung):
-                return "nothing to run"  # but the tries past their bound: no one waits
-        elif not self.queued_counts[pool] and not any(
-            ts.spec.pool == pool and ts not in ws.began
-            for ws in workers.values()
-            for ts in ws.processing
+        # Waits for memory: a task it fails (``_stalls_with``) that is ready or sent
+        # there and not executing. Not one waiting for its inputs: it waits for them
+        # (a hung try's own dependents wait for that try alone, which is no stall).
+        if not any(
+            n and self._stalls_with(key, pool_of_key(p)) for p, n in self.queued_counts.items()
+        ) and not any(
+            self._stalls_with(key, ts.spec.pool) for ws in workers.values() for ts in ws.waiting
         ):
-            return "nothing of the pool to run"
+            return "nothing to run" if pool is None else "nothing of the pool to run"
         return ""
+
+    def _stalls_with(self, key: str, pool: str | None) -> bool:
+        """A task of ``pool`` is one the memory stall of pool ``key`` counts as waiting
+        and fails: one of that pool; for ``"*"`` one of no pool or of a pool with a
+        worker (all of them throttled then), not a reserved pool's (its workers are not
+        among those stalled) nor one of a pool with no worker yet (it waits for one)."""
+        return runs_on(pool_of_key(key), pool, self.config.reserved_pools) and (
+            pool is None or pool in self.pool_members
+        )
 
     def _hung_tries(
         self, workers: dict[str, WorkerState]
@@ -5498,20 +5510,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         return sorted(((c, b, n) for c, (b, n) in held.items()), key=lambda x: -x[1])
 
     def _fail_stalled(self, key: str, stalled_for: float) -> None:
-        """Pool ``key`` stalled for memory: its tasks still to run (every task's, for
-        ``"*"``) and the tries executing past their bound on its workers, of whatever
-        pool (``_hung_tries``: named in ``MemoryStalled.executing``, not counted as
-        waiting), fail with :class:`~runtime.errors.MemoryStalled`, with the account of
-        its workers. One pass over the tasks, made only when a stall is declared."""
+        """Pool ``key`` stalled for memory: its tasks still to run (``_stalls_with``)
+        and the tries executing past their bound on its workers, of whatever pool
+        (``_hung_tries``: named in ``MemoryStalled.executing``, not counted as waiting),
+        fail with :class:`~runtime.errors.MemoryStalled`, with the account of its
+        workers. One pass over the tasks, made only when a stall is declared."""
         pool = pool_of_key(key)
         members = self._any_pool_workers() if pool is None else self.pool_members.get(pool, {})
         workers = list(members.values())
-        reserved = self.config.reserved_pools
         active = {
             ts: None
             for ts in self.tasks.values()
-            if ts.state in ACTIVE
-            and runs_on(pool, ts.spec.pool, reserved)  # (a worker of its pool is one of those)
+            if ts.state in ACTIVE and self._stalls_with(key, ts.spec.pool)
         }
         holding = self._holding(None if pool is None else set(members), files=False)
         hung = {h[0]: h for h in self._hung_tries(members)}

@@ -1,12 +1,17 @@
 """The memory watchdog's bound for hung tries (actors/scheduler_state.py,
-``_memory_moves``, ``_fail_stalled``; docs/memory.md, "A task that runs is not a
-stall, up to its bound"): what counts as waiting behind a try past its bound, and what
-a stall declared then fails.
+``_memory_moves``, ``_stalls_with``, ``_fail_stalled``; docs/memory.md, "A task that
+runs is not a stall, up to its bound"): what counts as waiting behind a try past its
+bound, and what a stall declared then fails.
 
-Review 1207c: a consumer queued on a worker whose other thread a stopped try held
-counted as running (F2); a pool's stall discounted a hung try of no pool on its worker
-but neither failed nor named it (F3). Pure-core tests with a virtual clock, exact
-commands out."""
+Review 1207c: "*" counted every active task of the cluster as waiting, a reserved
+pool's and a pool's with no worker yet, so a hung try alone was failed, and a queued
+task of a pool whose worker was still starting with it (F1); a consumer queued on a
+worker whose other thread a stopped try held counted as running (F2); a pool's stall
+discounted a hung try of no pool on its worker but neither failed nor named it (F3);
+a hung try's own waiting dependent made "*" fail, a pool never (F4). One rule now, for
+a pool and for "*" alike: what waits is a task the stall fails that is ready or sent to
+the stalled workers and not executing, never one waiting for its inputs. Pure-core
+tests with a virtual clock, exact commands out."""
 
 from __future__ import annotations
 
@@ -35,6 +40,74 @@ def throttle(s: SchedulerState, worker: str, now: float, held: int = 0) -> list[
         stimulus_id=f"mem-{worker}-{now}", now=now, worker=worker, throttled=True,
         rss=int(0.75 * GB), throttle_at=int(0.7 * GB), limit=GB, held=held,
     ))  # fmt: skip
+
+
+def hung_on_w1(s: SchedulerState, table: dict[str, list[str]] | None = None, **spec: Any) -> None:
+    """w1 (one core, pool cpu) runs ``steady`` (of no pool unless ``spec`` says), which
+    began at 98.5 and never ends, ``table``'s other tasks still to run; w1 is throttled
+    at 100. Its bound is 150 s (30 ``stall_timeout``s of 5 s): past it at 248.5."""
+    run(s, at(1.0, WorkerJoined, worker="w1", cores=1, memory=GB, pool="cpu"))
+    table = table or {"steady": []}
+    specs = specs_for(s, table, list(table), **spec)
+    run(s, at(2.0, GraphSubmitted, specs=specs, wanted=tuple(table)))
+    assert on(s, "w1") == {"steady"}
+    run(s, TasksRunning("ran", 99.0, "w1", (("steady", 0, 0.5),)))
+    assert throttle(s, "w1", 100.0) == []
+
+
+def test_a_hung_try_alone_is_no_stall_beside_a_reserved_pools_task(
+    make_state: Factory,
+) -> None:
+    """A reserved pool's task, running on its own worker, is not among what the throttled
+    any-pool workers could run: the hung try is alone there, and nothing fails nor is
+    suspected (F1; "The 0 producer tasks still to run" failed ``steady``)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0, reserved_pools=frozenset({"gpu"}))
+    run(s, at(1.5, WorkerJoined, worker="g1", cores=1, memory=GB, pool="gpu"))
+    specs = specs_for(s, {"render": []}, ["render"], pool="gpu")
+    run(s, at(1.8, GraphSubmitted, specs=specs, wanted=("render",)))
+    assert on(s, "g1") == {"render"}
+    hung_on_w1(s)
+    for now in (249.0, 260.0, 1000.0):
+        assert tick(s, now) == [] and not s.stalled_since
+    assert s._memory_moves("*") == "nothing to run"
+    assert (s.tasks["steady"].state, s.tasks["render"].state) == ("processing", "processing")
+
+
+def test_a_hung_try_alone_fails_no_task_of_a_pool_with_no_worker_yet(
+    make_state: Factory,
+) -> None:
+    """``render`` waits for a gpu worker (its block starting), not for w1's memory: with
+    the hung try it is no stall, and it stays queued (F1; both failed)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0, pools=("cpu", "gpu"))
+    hung_on_w1(s)
+    specs = specs_for(s, {"render": []}, ["render"], pool="gpu")
+    run(s, at(100.5, GraphSubmitted, specs=specs, wanted=("render",)))
+    assert s.tasks["render"].state == "queued"
+    for now in (249.0, 260.0, 1000.0):
+        assert tick(s, now) == [] and not s.stalled_since
+    assert (s.tasks["steady"].state, s.tasks["render"].state) == ("processing", "queued")
+
+
+def test_a_stall_of_any_pool_fails_no_task_of_a_pool_with_no_worker(
+    make_state: Factory,
+) -> None:
+    """With something of w1's to run (``wait``, deferred behind the hung try), "*" is
+    stalled: it fails ``wait`` and the hung try, named, and leaves ``render`` queued for
+    its pool's worker (F1)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0, pools=("cpu", "gpu"))
+    hung_on_w1(s, {"steady": [], "wait": []})
+    specs = specs_for(s, {"render": []}, ["render"], pool="gpu")
+    run(s, at(100.5, GraphSubmitted, specs=specs, wanted=("render",)))
+    assert tick(s, 248.5) == [] and not s.stalled_since
+    assert tick(s, 249.0) == [] and s.stalled_since == {"*": 249.0}
+    cmds = tick(s, 254.0)
+    assert [type(c) for c in cmds] == [KeyErred, CancelOnWorker, KeyErred]
+    assert [c.key for c in of(cmds, KeyErred)] == ["wait", "steady"]
+    assert cmds[1] == CancelOnWorker("tick-254.0", "w1", ("steady",))
+    err = cmds[0].error
+    assert isinstance(err, MemoryStalled) and (err.pool, err.waiting) == (None, 1)
+    assert err.executing == [("steady", "w1", 155.5, 150.0)]
+    assert s.tasks["render"].state == "queued" and not s.stalled_since
 
 
 def test_a_consumer_behind_a_hung_try_and_a_held_thread_is_no_progress(
@@ -104,3 +177,21 @@ def test_a_pools_stall_fails_and_names_the_hung_try_of_no_pool_that_held_it(
         "something else does (a task that keeps data in a global"
     ) in str(err)
     assert s.tasks["stray"].state == "erred" and not on(s, "w1")
+
+
+def test_a_hung_try_with_its_own_waiting_dependent_is_no_stall_in_a_pool_or_not(
+    make_state: Factory,
+) -> None:
+    """``after`` waits for the hung ``steady`` alone, not for memory: no stall, neither
+    for tasks of no pool ("*") nor for pool cpu's (F4; "*" failed ``after``, cpu none:
+    one rule for both now)."""
+    for pool in (None, "cpu"):
+        s = make_state(saturation=1.0, stall_timeout=5.0)
+        spec = {} if pool is None else {"pool": pool}
+        hung_on_w1(s, {"steady": [], "after": ["steady"]}, **spec)
+        if pool is not None:  # "*" not stalled: a worker of pool other is not throttled
+            run(s, at(100.5, WorkerJoined, worker="w2", cores=1, memory=GB, pool="other"))
+        for now in (249.0, 260.0, 1000.0):
+            assert tick(s, now) == [] and not s.stalled_since, pool
+        assert s._memory_moves(pool or "*").startswith("nothing"), pool
+        assert (s.tasks["steady"].state, s.tasks["after"].state) == ("processing", "waiting")
