@@ -56,10 +56,11 @@ task it did not make again last finished on a worker of the pool (a task of any
 pool: ``_disk_progress``): the waiting tasks fail with TaskTooBigForDisk and the
 stall's account (``_give_up_on_disk``). Only with
 nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
-so the run ends with DiskFull rather than hangs (docs/files.md). Never past a firm
-need: in that last resort a task whose firm need fits no worker's free disk fails with
-TaskTooBigForDisk (``_least_need_now``), its pool having nothing that runs or can be
-dropped to free disk.
+so the run ends with DiskFull rather than hangs (docs/files.md); there a producer
+whose own output fits an idle worker runs there without its consumer's room
+(``_roomy``), firm or not. Never past a firm need: in that last resort a task whose
+firm need fits no worker's free disk fails with TaskTooBigForDisk
+(``_least_need_now``), its pool having nothing that runs or can be dropped to free disk.
 """
 
 from __future__ import annotations
@@ -295,6 +296,11 @@ class DiskPlacement(CorePart):
         left after ``ts``'s inputs to fetch plus ``out``."""
         pick = [w for w in cands if not w.processing] if idle else cands
         return max(pick, key=lambda w: (w.disk_free() - self._fetch_bytes(ts, w) - out, w.id))
+
+    def _roomy(self, ts: TaskState, cands: list[WorkerState], out: int) -> list[WorkerState]:
+        """The idle workers of ``cands`` whose free disk holds ``ts``'s inputs to fetch
+        and ``out``: the room kept for a consumer's output left out (the last resort)."""
+        return [w for w in cands if not w.processing and self._disk_fits(ts, w, out)]
 
     # Disk-aware placement (the module docstring; docs/files.md, "Disks").
 

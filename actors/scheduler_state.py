@@ -4457,7 +4457,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 cands = stoppable
         if self._short_of_disk:  # (an empty one stays: no list made per call)
             self._short_of_disk = []
-        past = tried = False
+        past = tried = relaxed = False
         some_disk = False
         for w in cands:
             if w.disk:
@@ -4480,6 +4480,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self.disk_override.discard(pool)  # room again: the estimates rule
             elif pool in self.disk_override and (pick := self._past_pick(ts, cands)):
                 fits, past = [pick], True
+            elif keep and pool in self.disk_last_resort and (roomy := self._roomy(ts, cands, out)):
+                # Nothing runs and nothing can be dropped: the room a producer keeps for
+                # its consumer's output is a preference, not a need. Its own output (firm
+                # or not) fits an idle worker: it runs there, the most disk left first.
+                fits, past, relaxed = [self._most_disk_left(ts, roomy, out)], True, True
             elif (
                 pool in self.disk_last_resort
                 and source not in FIRM_OUTPUTS  # a firm need is never tried where too big
@@ -4511,7 +4516,16 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if why != ts.wait_said:  # once (a running task's copies ask again and again)
                 ts.wait_said = why
                 self._log(ts.key, "queued", why)
-        if past and cands:
+        if relaxed and cands:
+            ws = cands[0]
+            self._log(
+                ts.key, "queued",
+                f"without the room kept for its consumer's output on {ws.id} (needs "
+                f"{self._fetch_bytes(ts, ws) + out} B, {max(0, int(ws.disk_free()))} B "
+                "free): every worker of its pool ran nothing and no stored output could be "
+                "dropped, so waiting would not make that room",
+            )  # fmt: skip
+        elif past and cands:
             ws = cands[0]
             frees = self._frees(ts, ws)
             self._log(

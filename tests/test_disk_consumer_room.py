@@ -1,0 +1,120 @@
+"""The room a producer keeps on a disk for its consumer's output (docs/files.md,
+"Disks"): a preference, never a reason to wait for ever. Pure-core tests (events in,
+exact commands out; the ``make_state`` fixture validates every state at the end), from
+a user audit (astronomer's survey frames on 180 MiB disks):
+
+- a lost output whose producer declared its size (``resources={"disk": ...}``) was
+  never made again: its producer waited for its own output plus its consumer's room,
+  which no idle worker had, while its own output fitted (finding 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.scheduler_events import KeyErred
+from actors.scheduler_state import DECLARED_OUTPUT, SchedulerState
+from runtime.errors import TaskTooBigForDisk
+from tests.helpers import (
+    MB,
+    Factory,
+    assigned,
+    files_released,
+    finish,
+    leave,
+    make_state,
+    of,
+    submit,
+)
+from tests.test_disk_placement import disk, disk_used, join, tick, waits_for_disk, worker_of_key
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+
+def lines(s: SchedulerState, key: str, text: str) -> list[str]:
+    return [str(e[2]) for e in s.story(key) if text in str(e[2])]
+
+
+def wrote(s: SchedulerState, key: str, nbytes: int) -> list[Any]:
+    """``key``'s try ended ok on its worker with a file output of ``nbytes``."""
+    return finish(s, worker_of_key(s, key), key, nbytes=nbytes, file=True)
+
+
+def calibrated_then_lost(s: SchedulerState, size: int) -> None:
+    """Three 10 MiB workers. calibrate-0 and calibrate-1 (kept: a client wants them)
+    wrote 4 MiB each on w1 and w2; stage-2 (declared ``size``) and calibrate-2 ran on
+    w3, stage-2 was let go, and w3 was killed: calibrate-2 is lost, stage-2 must run
+    again, and w1 and w2 have 6 MiB free each."""
+    for w in ("w1", "w2", "w3"):
+        join(s, w, disk=10 * MB)
+    cals = {"calibrate-0": [], "calibrate-1": []}
+    cmds = submit(s, cals, list(cals), attrs={k: disk(4 * MB) for k in cals})
+    assert sorted(assigned(cmds)) == ["w1", "w2"]
+    wrote(s, "calibrate-0", 4 * MB)
+    wrote(s, "calibrate-1", 4 * MB)
+    assert {w for k in cals for w in s.tasks[k].who_has} == {"w1", "w2"}
+    disk_used(s, "w1", 4 * MB)
+    disk_used(s, "w2", 4 * MB)
+    table = {"stage-2": [], "calibrate-2": ["stage-2"]}
+    cmds = submit(s, table, ["calibrate-2"], attrs={"stage-2": disk(size)})
+    assert assigned(cmds) == {"w3": ["stage-2"]}
+    wrote(s, "stage-2", size)
+    assert worker_of_key(s, "calibrate-2") == "w3"
+    wrote(s, "calibrate-2", 4 * MB)
+    files_released(s, "stage-2")  # let go: its reader is done
+    assert s.tasks["stage-2"].state == "released"
+    leave(s, "w3", cause="killed")
+    assert s.tasks["stage-2"].state == "queued"
+
+
+def test_a_lost_output_is_made_again_without_its_consumers_room_when_nothing_runs(
+    make_state: Factory,
+) -> None:
+    """The audit's hang: stage-2 declared 5 MiB; with its consumer's 4 MiB it needs 9,
+    more than the 6 MiB free on either idle worker, and nothing stored can be dropped
+    (a client holds both outputs). It waits, saying so; after ``stall_timeout`` of an
+    idle pool the room for its consumer is let go (its own 5 MiB fits) and it runs, and
+    so does its consumer after it (not the waiting for ever it was)."""
+    s = make_state(saturation=1.0, unknown_long=False)
+    calibrated_then_lost(s, 5 * MB)
+    assert s._expected_output(s.tasks["stage-2"]) == (5 * MB, DECLARED_OUTPUT)
+    assert waits_for_disk(s, "stage-2")[-1] == (
+        "waiting for disk: needs 9437184 B, best worker w2 has 6291456 B free (of which "
+        "4194304 B kept for its consumer's output)"
+    )
+    start = s._now
+    assert not assigned(tick(s, start))
+    assert not assigned(tick(s, start + 9.9))
+    cmds = tick(s, start + 10.0)
+    assert assigned(cmds) == {"w2": ["stage-2"]}
+    assert lines(s, "stage-2", "without the room kept") == [
+        "without the room kept for its consumer's output on w2 (needs 5242880 B, 6291456 B "
+        "free): every worker of its pool ran nothing and no stored output could be "
+        "dropped, so waiting would not make that room"
+    ]
+    cmds = wrote(s, "stage-2", 5 * MB)
+    assert assigned(cmds) == {"w2": ["calibrate-2"]}
+    wrote(s, "calibrate-2", 4 * MB)
+    assert s.tasks["calibrate-2"].state == "memory"
+
+
+def test_a_lost_output_whose_own_declared_size_fits_no_free_disk_fails_at_once(
+    make_state: Factory,
+) -> None:
+    """The same with stage-2 declared 6 MiB and 5 MiB free on each idle worker: its own
+    output fits neither and nothing can free more. Once the pool is found stuck, it
+    fails with TaskTooBigForDisk (not a wait for ever), and so does its consumer."""
+    s = make_state(saturation=1.0, unknown_long=False)
+    calibrated_then_lost(s, 6 * MB)
+    disk_used(s, "w1", 5 * MB)  # (spilled outputs: 5 MiB free)
+    disk_used(s, "w2", 5 * MB)
+    start = s._now
+    tick(s, start)
+    cmds = tick(s, start + 10.0)
+    assert not assigned(cmds)
+    assert s.tasks["stage-2"].state == "erred"
+    cmds = tick(s, start + 10.1)  # (what failed in the watchdog spreads at the next event)
+    assert [e.key for e in of(cmds, KeyErred)] == ["calibrate-2"]
+    err = s.tasks["stage-2"].error
+    assert isinstance(err, TaskTooBigForDisk) and err.stuck
+    assert (err.needed, err.expected) == (6 * MB, 6 * MB)
