@@ -24,9 +24,10 @@ the core reserved for the tasks it sent there and that have not finished
 Firm: the largest output a try of this very task wrote that did not fit (``disk-full``,
 ``disk_measured``; a refused input copy, ``DiskFull.input``, measures nothing), or a
 declared ``resources={"disk": bytes}`` (it replaces the category's estimate, smaller or
-larger), the larger of the two. Estimates: the largest output of the category so far
-(including tries whose output ended ``disk-full``), or 0 if all its outputs so far
-stayed in memory (none a file output, none ``disk-full``: ``_seen_output``), else a
+larger), the larger of the two. Estimates: the largest of the category's latest
+outputs (``CategoryStats.out_recent``, including tries whose output ended
+``disk-full``: an earlier run's large outputs stop counting), or 0 if all its outputs
+so far stayed in memory (none a file output, none ``disk-full``: ``_seen_output``), else a
 guess.
 A ready task that only lacks disk waits (its story says so), and the worker it would
 have the most disk left on is kept for it from the producers after it in that ``_fill``
@@ -38,7 +39,9 @@ the worker with the most disk left after its inputs (``_candidates``), and a try
 does not fit ends ``disk-full``, which measures it.
 
 A producer also keeps room for its consumer step's expected output beside its own
-(``_consumer_room``): loads do not fill a disk their skims then cannot write on.
+(``_consumer_room``): loads do not fill a disk their skims then cannot write on. At
+most what the largest disk of its pool leaves beside its own output (a room no disk
+holds even empty would make it wait for nothing), and let go in the last resort below.
 
 The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
 ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
@@ -96,7 +99,7 @@ __all__ = [
 ]
 
 #: where a task's expected output comes from (disk-aware placement; in its error)
-SEEN_OUTPUT = "the largest output of its category so far"
+SEEN_OUTPUT = "the largest of its category's latest outputs"
 #: a category whose outputs so far all stayed in memory: nothing counts on disk
 MEMORY_OUTPUT = "none: the outputs of its category so far stayed in memory"
 DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
@@ -191,10 +194,13 @@ class DiskPlacement(CorePart):
         #: them): only their outputs are expected on disk (``_seen_output``)
         self.file_categories: set[str] = set()
 
-    def _consumer_room(self, ts: TaskState) -> int:
+    def _consumer_room(self, ts: TaskState, out: int) -> int:
         """The disk producer ``ts`` keeps free for the output of its consumer step
-        beside its own: the largest expected output of its active dependents, where
-        known (declared, or their category's largest so far); 0 while none is."""
+        beside its own (``out``): the largest expected output of its active dependents,
+        where known (declared, or their category's latest largest); 0 while none is.
+        Never more than the largest disk of its pool leaves beside ``out`` and ``ts``'s
+        file inputs: a room no disk could hold even empty would make it wait for
+        nothing (a long-lived manager's estimates from an earlier run's larger data)."""
         room = 0
         for d in ts.dependents:
             if d.state not in ACTIVE:
@@ -206,6 +212,9 @@ class DiskPlacement(CorePart):
             seen = self._seen_output(d.spec.category)
             if seen is not None:
                 room = max(room, seen[0])
+        if room:
+            left = self.largest_disk.get(ts.spec.pool, NO_LIMIT) - ts.in_files - out
+            room = max(0, int(min(room, left)))
         return room
 
     def _frees(self, ts: TaskState, ws: WorkerState) -> int:
@@ -337,7 +346,7 @@ class DiskPlacement(CorePart):
         if st is None or not (st.count or st.disk_full):
             return None
         if st.disk_full or category in self.file_categories:
-            return st.max_nbytes, SEEN_OUTPUT
+            return st.out_recent, SEEN_OUTPUT
         return 0, MEMORY_OUTPUT
 
     @staticmethod
@@ -433,7 +442,7 @@ class DiskPlacement(CorePart):
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
             least_need, largest, held = self._least_need(ts, 0)
         if least_need is None:
-            keep = self._consumer_room(ts) if ts.producer else 0
+            keep = self._consumer_room(ts, out) if ts.producer else 0
             best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
             for w in refused:
                 need = self._fetch_bytes(ts, w) + out + keep
@@ -698,7 +707,7 @@ class DiskPlacement(CorePart):
         task that dropped an earlier one's input would send that one back to wait)."""
         out = self._expected_output(ts)[0]
         if ts.producer:
-            out += self._consumer_room(ts)
+            out += self._consumer_room(ts, out)
         own = self._kept_for(ts)  # (and ``ahead``: tested apart, not copied per task)
         best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
         for ws in self._pool_disks(pool):

@@ -1963,7 +1963,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 # Its output did not fit on the worker's disk: the category's outputs
                 # are estimated this large from now on (steering its other tasks)...
                 stat.disk_full += 1
-                stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
+                stat.add_output(res.nbytes)
                 # ... and this very task needs at least that much: firm, for its
                 # retries; only a lower bound if the file system stopped its write.
                 cut = isinstance(error, DiskFull) and error.partial
@@ -3128,8 +3128,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             stat.max_duration = duration
         stat.recent.append(duration)
         stat.total_nbytes += nbytes
-        if nbytes > stat.max_nbytes:
-            stat.max_nbytes = nbytes
+        stat.add_output(nbytes)
         consumed = sum(d.nbytes for d in ts.deps) if ts.deps else 0
         stat.consumed_nbytes += consumed
         if rss > stat.peak_rss:
@@ -4467,7 +4466,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             out, source = self._expected_output(ts)
             # A producer keeps room for its consumer's output beside its own: disks
             # filled with producers' outputs leave their consumers no room to run.
-            keep = self._consumer_room(ts) if producer else 0
+            keep = self._consumer_room(ts, out) if producer else 0
             fits = [w for w in cands if self._disk_fits(ts, w, out + keep)]
             if fits and producer and self.disk_held:
                 kept = [w for w in fits if w.id not in self.disk_held or not (
@@ -4604,9 +4603,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         rise = self._rise(nxt)
         if rise and not self._rss_fits(rise, ws):
             return
-        if ws.disk and not self._disk_fits(
-            nxt, ws, self._expected_output(nxt)[0] + self._consumer_room(nxt)
-        ):
+        out = self._expected_output(nxt)[0]
+        if ws.disk and not self._disk_fits(nxt, ws, out + self._consumer_room(nxt, out)):
             return
         views = (TaskStateView(ts), ws.view, TaskStateView(nxt))
         if not self._ask_yes(nxt.key, "placement.partner", self._partner, *views):

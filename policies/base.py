@@ -72,6 +72,23 @@ RECENT = 256  #: ok tries' durations kept per category for its percentiles
 #: latest ones (:attr:`CategoryStats.rss_rise`), so one past outlier stops counting
 #: after this many tries of the category (docs/memory.md#memory-admission-by-rss-rise)
 RISE_WINDOW = 16
+#: output sizes kept per category: disk-aware placement expects the largest of these
+#: latest ones (:attr:`CategoryStats.out_recent`), so one run's large outputs stop
+#: steering a long-lived manager's later runs after this many outputs of the category
+#: (docs/files.md#disks)
+OUTPUT_WINDOW = 16
+
+
+def _window_max(window: deque[int], value: int, top: int) -> int:
+    """Append ``value`` to ``window`` (bounded) and return its new largest, ``top``
+    being its largest before: O(1), but O(len) when the value leaving it was ``top``."""
+    gone = window[0] if len(window) == window.maxlen else None
+    window.append(value)
+    if value >= top:
+        return value
+    if gone is not None and gone >= top:
+        return max(window)
+    return top
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,6 +117,11 @@ class CategoryStats:
     #: largest output seen: of ok tries and of tries whose output did not fit on their
     #: worker's disk (``disk-full``); disk-aware placement expects outputs this large
     max_nbytes: int = 0
+    #: the largest of the latest :data:`OUTPUT_WINDOW` outputs (ok tries and
+    #: ``disk-full`` ones, :meth:`add_output`): what disk-aware placement expects
+    out_recent: int = 0
+    #: those latest output sizes, oldest first
+    outs: deque[int] = dataclasses.field(default_factory=lambda: deque(maxlen=OUTPUT_WINDOW))
     disk_full: int = 0  #: tries whose output did not fit on their worker's disk
     #: the latest ok tries' durations (seconds), for :attr:`p90_duration`
     recent: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT))
@@ -108,15 +130,16 @@ class CategoryStats:
         """An ok try raised its worker's RSS by ``growth``: the all-time
         ``max_rss_growth`` and the window's ``rss_rise`` follow it. O(1), but
         O(:data:`RISE_WINDOW`) when the rise leaving the window was the largest."""
-        rises = self.rises
-        gone = rises[0] if len(rises) == RISE_WINDOW else None
-        rises.append(growth)
         if growth > self.max_rss_growth:
             self.max_rss_growth = growth
-        if growth >= self.rss_rise:
-            self.rss_rise = growth
-        elif gone is not None and gone >= self.rss_rise:
-            self.rss_rise = max(rises)
+        self.rss_rise = _window_max(self.rises, growth, self.rss_rise)
+
+    def add_output(self, nbytes: int) -> None:
+        """A try wrote an output of ``nbytes`` (ok, or ``disk-full``): the all-time
+        ``max_nbytes`` and the window's ``out_recent`` follow it."""
+        if nbytes > self.max_nbytes:
+            self.max_nbytes = nbytes
+        self.out_recent = _window_max(self.outs, nbytes, self.out_recent)
 
     @property
     def mean_duration(self) -> float:
@@ -211,6 +234,14 @@ class CategoryStatsView:
     @property
     def max_nbytes(self) -> int:
         return self._stats.max_nbytes
+
+    @property
+    def out_recent(self) -> int:
+        return self._stats.out_recent
+
+    @property
+    def outs(self) -> tuple[int, ...]:
+        return tuple(self._stats.outs)
 
     @property
     def disk_full(self) -> int:

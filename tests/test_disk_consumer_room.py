@@ -5,7 +5,10 @@ a user audit (astronomer's survey frames on 180 MiB disks):
 
 - a lost output whose producer declared its size (``resources={"disk": ...}``) was
   never made again: its producer waited for its own output plus its consumer's room,
-  which no idle worker had, while its own output fitted (finding 1).
+  which no idle worker had, while its own output fitted (finding 1);
+- a long-lived manager expected every later output as large as the largest one it
+  ever saw, and a producer's own estimate plus its consumer's room fitted no disk even
+  empty: every new run on empty disks began with a 10 s disk stall (finding 2).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from actors.scheduler_events import KeyErred
-from actors.scheduler_state import DECLARED_OUTPUT, SchedulerState
+from actors.scheduler_state import DECLARED_OUTPUT, SEEN_OUTPUT, SchedulerState
+from policies.base import OUTPUT_WINDOW
 from runtime.errors import TaskTooBigForDisk
 from tests.helpers import (
     MB,
@@ -118,3 +122,60 @@ def test_a_lost_output_whose_own_declared_size_fits_no_free_disk_fails_at_once(
     err = s.tasks["stage-2"].error
     assert isinstance(err, TaskTooBigForDisk) and err.stuck
     assert (err.needed, err.expected) == (6 * MB, 6 * MB)
+
+
+# ------------------------------------------------------- a long-lived manager's estimates
+
+
+def stage_and_calibrate(s: SchedulerState, first: int, sizes: list[int]) -> None:
+    """Frames ``first``... of ``sizes`` go through stage (one at a time, on whichever
+    worker takes it) and calibrate (the same size); their outputs are let go."""
+    for i, size in enumerate(sizes, start=first):
+        table = {f"stage-{i}": [], f"calibrate-{i}": [f"stage-{i}"]}
+        submit(s, table, [f"calibrate-{i}"])
+        wrote(s, f"stage-{i}", size)
+        wrote(s, f"calibrate-{i}", size)
+        s.tasks[f"calibrate-{i}"].wanted = False  # (the client let it go: see below)
+
+
+def test_an_earlier_runs_largest_output_makes_no_run_on_empty_disks_wait(
+    make_state: Factory,
+) -> None:
+    """The audit's 10 s stall: one frame of 15 MiB went through stage and calibrate on
+    18 MiB disks. A new 2 MiB frame on empty disks: its stage expects 15 MiB (its
+    category's latest largest) and keeps 15 MiB for its calibrate, 30 MiB that no disk
+    holds even empty. The room is cut to what the largest disk leaves beside its own
+    output: it runs at once, and no disk stall is declared."""
+    s = make_state(saturation=1.0, unknown_long=False)
+    join(s, "w1", disk=18 * MB)
+    join(s, "w2", disk=18 * MB)
+    cmds = submit(s, {"stage-0": [], "calibrate-0": ["stage-0"]}, ["calibrate-0"])
+    wrote(s, "stage-0", 15 * MB)
+    wrote(s, "calibrate-0", 15 * MB)
+    cmds = submit(s, {"stage-1": [], "calibrate-1": ["stage-1"]}, ["calibrate-1"])
+    assert s._expected_output(s.tasks["stage-1"]) == (15 * MB, SEEN_OUTPUT)
+    assert sum(len(k) for k in assigned(cmds).values()) == 1
+    assert not waits_for_disk(s, "stage-1")
+    start = s._now
+    tick(s, start)
+    assert not s.disk_stalls and not s.disk_parked
+    assert not assigned(tick(s, start + 10.0)) and not s.disk_stalls
+
+
+def test_the_expected_output_follows_the_latest_outputs_of_its_category(
+    make_state: Factory,
+) -> None:
+    """The estimate is the largest of the category's latest ``OUTPUT_WINDOW`` outputs,
+    not the largest ever: one 15 MiB frame stops counting after that many 1 MiB ones,
+    and its producer's need (own output and consumer's room) follows."""
+    s = make_state(saturation=1.0, unknown_long=False)
+    join(s, "w1", disk=40 * MB)
+    stage_and_calibrate(s, 0, [15 * MB])
+    stage_and_calibrate(s, 1, [MB] * (OUTPUT_WINDOW - 1))
+    submit(s, {"stage-99": [], "calibrate-99": ["stage-99"]}, ["calibrate-99"])
+    ts = s.tasks["stage-99"]
+    assert s._expected_output(ts) == (15 * MB, SEEN_OUTPUT)  # still among the latest
+    wrote(s, "stage-99", MB)
+    assert s._expected_output(ts) == (MB, SEEN_OUTPUT)  # 15 MiB left the window
+    assert s.stats["stage"].max_nbytes == 15 * MB  # (the all-time largest, as told)
+    assert s._expected_output(s.tasks["calibrate-99"])[0] == 15 * MB  # one fewer yet

@@ -70,7 +70,7 @@ def test_one_oversized_output_fails_only_its_own_task(make_state: Factory) -> No
     (line,) = story_lines(s, third, "past its disk estimate")
     assert line == (
         f"past its disk estimate on w1 (needs 20971520 B, 12582912 B free): {PAST_ESTIMATE}"
-        " (20971520 B, the largest output of its category so far), so it is tried where the "
+        " (20971520 B, the largest of its category's latest outputs), so it is tried where the "
         "most disk is free"
     )
     assert not of(cmds, KeyErred)

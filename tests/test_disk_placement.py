@@ -6,7 +6,7 @@ The rule (docs/files.md, "Disks"): a worker that advertises a disk gets a task o
 its free disk (limit, less what it reported on disk, less what the core reserved for
 the tasks it sent there and that have not finished) holds the inputs the task must fetch
 there plus its expected output: what a try of this very task wrote that did not fit, or
-a declared ``resources={"disk": ...}``, else the largest output of its category so far,
+a declared ``resources={"disk": ...}``, else the largest of its category's latest outputs,
 else a guess. A task that only lacks disk waits, saying so in its story; one no worker
 could ever hold fails with TaskTooBigForDisk; a try whose output did not fit anyway ends
 ``disk-full`` and is retried where it fits. (What estimates may and may not decide:
