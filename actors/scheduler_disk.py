@@ -399,29 +399,42 @@ class DiskPlacement(CorePart):
             return None, largest, 0
         return least[0], largest, least[1]
 
-    def _least_need_now(self, ts: TaskState, out: int) -> tuple[int | None, int, int]:
+    def _least_need_now(self, ts: TaskState, out: int) -> tuple[int | None, int, str]:
         """As ``_least_need``, but against the disk the workers of ``ts``'s pool have
         free now, for a pool stuck on disk with nothing to drop (``disk_last_resort``:
         none of them runs a task, no stored output can be made again elsewhere): what
         is free now is all they will have, so a firm need larger than every free disk
-        cannot be met by waiting. ``(None, 0, 0)`` while some worker of the pool runs
-        a task (it may free disk) or some worker has the room."""
-        pool = ts.spec.pool
-        workers = self._pool_workers(pool)
-        if any(w.processing for w in workers):
-            return None, 0, 0
-        least: tuple[int, int] | None = None  # (need, of which held)
-        largest = 0
+        cannot be met by waiting. ``(None, 0, "")`` while some worker of the pool runs
+        a task (it may free disk) or some worker has the room; else ``ts``'s need on
+        the worker it comes closest to fitting on, that worker's free disk and its id
+        (``_closest_fit``)."""
+        workers = self._pool_workers(ts.spec.pool)
+        if not workers or any(w.processing for w in workers):
+            return None, 0, ""
+        need, free, wid = self._closest_fit(ts, out, workers)
+        if need <= free:
+            return None, 0, ""
+        return need, free, wid
+
+    def _closest_fit(
+        self, ts: TaskState, out: int, workers: list[WorkerState]
+    ) -> tuple[int, int, str]:
+        """Of ``workers`` (at least one), the one ``ts`` comes closest to fitting on now:
+        its need there (the file inputs it must fetch plus ``out``), its free disk and
+        its id; the least shortfall first, then the least need. Need and free are one
+        worker's, so that an error compares like with like (a need counted where its
+        inputs are held against the free disk of another worker read as a contradiction:
+        a user audit's "needs 38.1 MiB, more than ... 61.9 MiB")."""
+        best: tuple[tuple[int, int, str], int] | None = None  # ((short, need, id), free)
         for w in workers:
-            free = w.disk_free()
+            free = max(0, int(w.disk_free()))
             need = self._fetch_bytes(ts, w) + out
-            if need <= free:
-                return None, 0, 0
-            least = (need, 0) if least is None else min(least, (need, 0))
-            largest = max(largest, int(free))
-        if least is None:
-            return None, 0, 0
-        return least[0], largest, least[1]
+            rank = (need - free, need, w.id)
+            if best is None or rank < best[0]:
+                best = (rank, free)
+        assert best is not None
+        (_, need, wid), free = best
+        return need, free, wid
 
     def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
         """``ts`` is ready and the free workers in ``refused`` would take it but for
@@ -434,9 +447,10 @@ class DiskPlacement(CorePart):
         whether it waits."""
         out, source = self._expected_output(ts)
         least_need, largest, held = self._least_need(ts, out)
-        stuck = False  # largest: the most disk free now, not the largest limit
+        stuck = False  # largest: the disk free now on worker ``on``, not the largest limit
+        on = ""
         if least_need is None and source in FIRM_OUTPUTS and ts.spec.pool in self.disk_last_resort:
-            least_need, largest, held = self._least_need_now(ts, out)
+            least_need, largest, on = self._least_need_now(ts, out)
             stuck = least_need is not None
         if least_need is not None and source not in FIRM_OUTPUTS:
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
@@ -470,7 +484,7 @@ class DiskPlacement(CorePart):
             tries=len(ts.tries),
             outcome=last.outcome if last is not None else "",
             worker=last.worker if last is not None else "",
-            stuck=stuck,
+            stuck=stuck, on=on,
         )  # fmt: skip
         self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
         self._fail(ts, err, error_record(err))
@@ -655,15 +669,14 @@ class DiskPlacement(CorePart):
             if t.state != "queued":
                 continue
             out, source = self._expected_output(t)
-            need = min((self._fetch_bytes(t, w) + out for w in workers), default=out)
-            free = max((max(0, int(w.disk_free())) for w in workers), default=0)
+            need, free, on = self._closest_fit(t, out, workers) if workers else (out, 0, "")
             last = t.tries[-1] if t.tries else None
             err = TaskTooBigForDisk(
                 str(t.key), need, free, t.spec.pool, out, source,
                 tries=len(t.tries),
                 outcome=last.outcome if last is not None else "",
                 worker=last.worker if last is not None else "",
-                stuck=True, stall=account, foreign=stall.foreign, again=str(again.key),
+                stuck=True, stall=account, foreign=stall.foreign, again=str(again.key), on=on,
             )  # fmt: skip
             self._log(t.key, "disk", f"no room can be made: needs {need} B > {free} B free")
             self._fail(t, err, error_record(err))

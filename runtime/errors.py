@@ -1568,8 +1568,9 @@ class TaskTooBigForDisk(CorralError):
     stay there while it waits for them). ``tries`` is how many times it ran before (0:
     it was never started), ``outcome`` and ``worker`` its latest try's. ``stuck``: refused
     in a pool stuck on disk with nothing to drop and nothing running, where what is free
-    now is all there will be; ``largest`` is then the most disk free now on one of its
-    workers, not the largest limit. ``stall``: the disk stall's account (the disks'
+    now is all there will be; ``needed`` and ``largest`` are then its need on worker
+    ``on`` and the disk free there now (not the largest limit): of the pool's workers,
+    the one it comes closest to fitting on. ``stall``: the disk stall's account (the disks'
     use, what holds them) when the stall breaker gave up on it, ``again`` the key it
     would have dropped once more; ``foreign``: the bytes other programs' files take on
     those workers' file systems (a larger ``--disk`` cannot help then)."""
@@ -1600,6 +1601,7 @@ class TaskTooBigForDisk(CorralError):
         stall: str = "",
         foreign: int = 0,
         again: str = "",
+        on: str = "",
     ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
         inputs = max(0, needed - expected - held)
@@ -1644,20 +1646,24 @@ class TaskTooBigForDisk(CorralError):
                 "give the workers a --spill-dir on a larger file system",
                 "release futures you no longer need",
             ]
+        # stuck: need and free are one worker's, the one it comes closest to fitting on
+        in_pool = "" if pool is None else f" of pool {pool!r}"
+        free_on = (
+            f"more than the {limit} free now on worker {on!r}, the worker{in_pool} it comes "
+            "closest to fitting on"
+            if on
+            else f"more than the most disk free now on any worker{in_pool} ({limit})"
+        )
         if stuck and stall:  # the stall breaker found it could not make room
             than = (
-                f"more than the most disk free now on any worker"
-                f"{'' if pool is None else f' in pool {pool!r}'} ({limit}), with nothing "
-                "running there, and the stall breaker could not make room: it would drop "
-                f"{again!r} again, made again since it dropped it with no task finished "
-                f"between (their disks: {stall})"
+                f"{free_on}, with nothing running on its pool's workers, and the stall "
+                f"breaker could not make room: it would drop {again!r} again, made again "
+                f"since it dropped it with no task finished between (their disks: {stall})"
             )
-        elif stuck:  # largest: the most disk free now, in a pool that cannot free more
+        elif stuck:  # largest: the disk free now on ``on``, in a pool that cannot free more
             than = (
-                f"more than the most disk free now on any worker"
-                f"{'' if pool is None else f' in pool {pool!r}'} ({limit}), with "
-                "nothing running there that could free more and nothing stored there that "
-                "can be made again elsewhere"
+                f"{free_on}, with nothing running on its pool's workers that could free "
+                "more and nothing stored there that can be made again elsewhere"
             )
         else:
             than = f"more than the largest disk {where} can hold ({limit})"
@@ -1678,6 +1684,7 @@ class TaskTooBigForDisk(CorralError):
             stall=stall,
             foreign=foreign,
             again=again,
+            on=on,
         )
 
 

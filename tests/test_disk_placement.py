@@ -625,7 +625,52 @@ def test_a_measured_output_is_never_forced_onto_a_disk_known_too_small(
         50 * MB, 45 * MB, 50 * MB, MEASURED_OUTPUT,
     )  # fmt: skip
     assert "it ran once and ended disk-full on worker 'v'" in str(e)
-    # 45 MiB is the most disk free now, not a limit: the message says which it is.
-    assert e.stuck and "more than the most disk free now on any worker (45.0 MiB)" in str(e)
-    assert "nothing running there that could free more" in str(e)
+    # 45 MiB is the disk free now on w, not a limit: the message says which it is.
+    assert e.stuck and e.on == "w"
+    assert (
+        "more than the 45.0 MiB free now on worker 'w', the worker it comes closest to "
+        "fitting on, with nothing running on its pool's workers that could free more"
+    ) in str(e)
     assert "more than the largest disk" not in str(e)
+
+
+def test_a_stuck_task_is_told_its_need_and_the_free_disk_of_one_worker(
+    make_state: Factory,
+) -> None:
+    """A user audit: "needs 38.1 MiB ... more than the most disk free now on any worker
+    (61.9 MiB)": the need was counted on the worker holding the task's input, the free
+    disk on the other, where it would need its input fetched too. The error names one
+    worker, the one the task comes closest to fitting on, with its need and free disk
+    there."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=10 * MB)
+    join(s, "w2", disk=10 * MB)
+    cals = {"cal-0": [], "cal-1": []}
+    submit(s, cals, list(cals), attrs={k: disk(4 * MB) for k in cals})
+    for key in cals:  # kept by the client: nothing can be dropped
+        finish(s, worker_of_key(s, key), key, nbytes=4 * MB, file=True)
+    disk_used(s, "w1", 4 * MB)
+    disk_used(s, "w2", 4 * MB)
+    submit(s, {"load-2": [], "calib-2": ["load-2"]}, ["calib-2"], attrs={"load-2": disk(MB)})
+    here = worker_of_key(s, "load-2")
+    there = ({"w1", "w2"} - {here}).pop()
+    finish(s, here, "load-2", nbytes=4 * MB, file=True)
+    disk_used(s, here, 8 * MB)  # 2 MiB free; 6 MiB on the other
+    assert worker_of_key(s, "calib-2") == here
+    err = DiskFull("calib-2", here, 4 * MB, 2 * MB, 10 * MB)
+    finish(s, here, "calib-2", outcome="disk-full", nbytes=4 * MB, error=err)
+    start = s._now
+    for now in (start, start + 10.0, start + 20.0):
+        tick(s, now)
+    e = s.tasks["calib-2"].error
+    assert isinstance(e, TaskTooBigForDisk) and e.stuck
+    # 4 MiB where its input is (2 MiB free), or 8 MiB on the other (6 MiB free): the
+    # same 2 MiB short, the smaller need first.
+    assert (e.needed, e.largest, e.on, e.held) == (4 * MB, 2 * MB, here, 0)
+    assert str(e).startswith(
+        "task 'calib-2' needs 4.0 MiB of disk (an output of 4.0 MiB, measured: a try of "
+        "this task wrote that much and ended disk-full), more than the 2.0 MiB free now on "
+        f"worker {here!r}, the worker it comes closest to fitting on, with nothing running "
+        "on its pool's workers that could free more"
+    )
+    assert there not in str(e).split(";")[0]
