@@ -416,6 +416,22 @@ class DiskPlacement(CorePart):
             return None, 0, ""
         return need, free, wid
 
+    def _held_by_futures(self, pool: str | None) -> tuple[tuple[str, int, int], ...]:
+        """The file outputs on the disks of ``pool``'s workers that only a client's
+        futures hold (a client wants them, no active task reads them): ``(category,
+        bytes, outputs)``, the most bytes first, four categories at most (a copy on
+        each holder counting). What a stuck pool's TaskTooBigForDisk advises releasing
+        first: the stall breaker never drops them."""
+        held: dict[str, list[int]] = {}
+        for w in self._pool_disks(pool):
+            for t in w.has_what:
+                if t.file and t.wanted and not t.consumers and t.nbytes:
+                    entry = held.setdefault(t.spec.category, [0, 0])
+                    entry[0] += t.nbytes
+                    entry[1] += 1
+        ranked = sorted(held.items(), key=lambda kv: (-kv[1][0], kv[0]))[:4]
+        return tuple((c, b, n) for c, (b, n) in ranked)
+
     def _closest_fit(
         self, ts: TaskState, out: int, workers: list[WorkerState]
     ) -> tuple[int, int, str]:
@@ -485,6 +501,7 @@ class DiskPlacement(CorePart):
             outcome=last.outcome if last is not None else "",
             worker=last.worker if last is not None else "",
             stuck=stuck, on=on,
+            held_by=self._held_by_futures(ts.spec.pool) if stuck else (),
         )  # fmt: skip
         self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
         self._fail(ts, err, error_record(err))
@@ -665,6 +682,7 @@ class DiskPlacement(CorePart):
         if not self.disk_dropped_since:
             self.disk_remakes.clear()
         workers = self._pool_disks(pool)
+        held_by = self._held_by_futures(pool)
         for t in waiting:
             if t.state != "queued":
                 continue
@@ -677,6 +695,7 @@ class DiskPlacement(CorePart):
                 outcome=last.outcome if last is not None else "",
                 worker=last.worker if last is not None else "",
                 stuck=True, stall=account, foreign=stall.foreign, again=str(again.key), on=on,
+                held_by=held_by,
             )  # fmt: skip
             self._log(t.key, "disk", f"no room can be made: needs {need} B > {free} B free")
             self._fail(t, err, error_record(err))

@@ -1573,7 +1573,10 @@ class TaskTooBigForDisk(CorralError):
     the one it comes closest to fitting on. ``stall``: the disk stall's account (the disks'
     use, what holds them) when the stall breaker gave up on it, ``again`` the key it
     would have dropped once more; ``foreign``: the bytes other programs' files take on
-    those workers' file systems (a larger ``--disk`` cannot help then)."""
+    those workers' file systems (a larger ``--disk`` cannot help then). ``held_by``
+    (when ``stuck``): the file outputs on its pool's disks that only a client's futures
+    hold, ``(category, bytes, outputs)`` by most bytes first: Corral cannot drop them,
+    and the advice is then to release those futures first."""
 
     #: ``source`` when only the inputs count: the output's size is an estimate
     UNCOUNTED = "its output not counted: its size is only estimated"
@@ -1602,7 +1605,9 @@ class TaskTooBigForDisk(CorralError):
         foreign: int = 0,
         again: str = "",
         on: str = "",
+        held_by: tuple[tuple[str, int, int], ...] = (),
     ) -> None:
+        held_by = tuple(held_by)
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
         inputs = max(0, needed - expected - held)
         need, limit, output, fetch, kept = _disk_sizes(needed, largest, expected, inputs, held)
@@ -1638,6 +1643,15 @@ class TaskTooBigForDisk(CorralError):
                 advice.append(
                     'declare a smaller output with resources={"disk": bytes} if it is overestimated'
                 )
+        only = sum(n for _, _, n in held_by)
+        if only:  # outputs only the client's futures hold: Corral cannot drop them
+            advice.remove("free their disks (release futures you no longer need)")
+            advice.insert(
+                0,
+                "Release the futures you no longer need (del the lists of earlier stages "
+                "once the next is submitted) so Corral can drop their outputs",
+            )
+            advice[1] = advice[1][0].lower() + advice[1][1:]
         if foreign:  # other programs' files take the room: a larger --disk cannot help
             advice = [
                 "Free space on the file system holding the workers' spill directories "
@@ -1659,6 +1673,13 @@ class TaskTooBigForDisk(CorralError):
                 f"{free_on}, with nothing running on its pool's workers, and the stall "
                 f"breaker could not make room: it would drop {again!r} again, made again "
                 f"since it dropped it with no task finished between (their disks: {stall})"
+            )
+        elif stuck and only:  # what fills the disks only the client's futures hold
+            than = (
+                f"{free_on}, with nothing running on its pool's workers that could free "
+                f"more; {only} output{'s' if only != 1 else ''} on their disks "
+                f"{'is' if only == 1 else 'are'} held only by your futures "
+                f"({_outputs(held_by)})"
             )
         elif stuck:  # largest: the disk free now on ``on``, in a pool that cannot free more
             than = (
@@ -1685,6 +1706,7 @@ class TaskTooBigForDisk(CorralError):
             foreign=foreign,
             again=again,
             on=on,
+            held_by=held_by,
         )
 
 

@@ -634,6 +634,32 @@ def test_a_measured_output_is_never_forced_onto_a_disk_known_too_small(
     assert "more than the largest disk" not in str(e)
 
 
+def stuck_on_kept_outputs(s: SchedulerState) -> tuple[str, str]:
+    """Two 10 MiB workers each hold a 4 MiB output a client keeps (cal-0, cal-1);
+    load-2 wrote 4 MiB on one of them (``here``, 2 MiB free left), and its reader
+    calib-2 tried there, wrote 4 MiB and ended disk-full. Nothing runs, nothing can be
+    dropped: calib-2 fails, stuck. Returns ``here`` and the other worker."""
+    join(s, "w1", disk=10 * MB)
+    join(s, "w2", disk=10 * MB)
+    cals = {"cal-0": [], "cal-1": []}
+    submit(s, cals, list(cals), attrs={k: disk(4 * MB) for k in cals})
+    for key in cals:
+        finish(s, worker_of_key(s, key), key, nbytes=4 * MB, file=True)
+    disk_used(s, "w1", 4 * MB)
+    disk_used(s, "w2", 4 * MB)
+    submit(s, {"load-2": [], "calib-2": ["load-2"]}, ["calib-2"], attrs={"load-2": disk(MB)})
+    here = worker_of_key(s, "load-2")
+    finish(s, here, "load-2", nbytes=4 * MB, file=True)
+    disk_used(s, here, 8 * MB)  # 2 MiB free; 6 MiB on the other
+    assert worker_of_key(s, "calib-2") == here
+    err = DiskFull("calib-2", here, 4 * MB, 2 * MB, 10 * MB)
+    finish(s, here, "calib-2", outcome="disk-full", nbytes=4 * MB, error=err)
+    start = s._now
+    for now in (start, start + 10.0, start + 20.0):
+        tick(s, now)
+    return here, ({"w1", "w2"} - {here}).pop()
+
+
 def test_a_stuck_task_is_told_its_need_and_the_free_disk_of_one_worker(
     make_state: Factory,
 ) -> None:
@@ -643,25 +669,7 @@ def test_a_stuck_task_is_told_its_need_and_the_free_disk_of_one_worker(
     worker, the one the task comes closest to fitting on, with its need and free disk
     there."""
     s = make_state(saturation=1.0)
-    join(s, "w1", disk=10 * MB)
-    join(s, "w2", disk=10 * MB)
-    cals = {"cal-0": [], "cal-1": []}
-    submit(s, cals, list(cals), attrs={k: disk(4 * MB) for k in cals})
-    for key in cals:  # kept by the client: nothing can be dropped
-        finish(s, worker_of_key(s, key), key, nbytes=4 * MB, file=True)
-    disk_used(s, "w1", 4 * MB)
-    disk_used(s, "w2", 4 * MB)
-    submit(s, {"load-2": [], "calib-2": ["load-2"]}, ["calib-2"], attrs={"load-2": disk(MB)})
-    here = worker_of_key(s, "load-2")
-    there = ({"w1", "w2"} - {here}).pop()
-    finish(s, here, "load-2", nbytes=4 * MB, file=True)
-    disk_used(s, here, 8 * MB)  # 2 MiB free; 6 MiB on the other
-    assert worker_of_key(s, "calib-2") == here
-    err = DiskFull("calib-2", here, 4 * MB, 2 * MB, 10 * MB)
-    finish(s, here, "calib-2", outcome="disk-full", nbytes=4 * MB, error=err)
-    start = s._now
-    for now in (start, start + 10.0, start + 20.0):
-        tick(s, now)
+    here, there = stuck_on_kept_outputs(s)
     e = s.tasks["calib-2"].error
     assert isinstance(e, TaskTooBigForDisk) and e.stuck
     # 4 MiB where its input is (2 MiB free), or 8 MiB on the other (6 MiB free): the
@@ -674,3 +682,28 @@ def test_a_stuck_task_is_told_its_need_and_the_free_disk_of_one_worker(
         "on its pool's workers that could free more"
     )
     assert there not in str(e).split(";")[0]
+
+
+def test_a_stuck_task_is_told_how_many_outputs_only_your_futures_hold(
+    make_state: Factory,
+) -> None:
+    """A user audit kept every stage's futures (12 x 25 MiB frames): the disks filled
+    with outputs only those futures held, and the error said "nothing stored there that
+    can be made again elsewhere", pointing away from the fix. It says how many outputs
+    only the futures hold, by category, and to release them first (docs/files.md)."""
+    s = make_state(saturation=1.0)
+    stuck_on_kept_outputs(s)
+    e = s.tasks["calib-2"].error
+    assert isinstance(e, TaskTooBigForDisk) and e.stuck
+    assert e.held_by == (("cal", 8 * MB, 2),)
+    text = str(e)
+    assert (
+        "with nothing running on its pool's workers that could free more; 2 outputs on "
+        "their disks are held only by your futures (cal: 2 outputs, 8.0 MiB); it ran once"
+    ) in text
+    assert "nothing stored there that can be made again" not in text
+    assert text.endswith(
+        "Release the futures you no longer need (del the lists of earlier stages once the "
+        "next is submitted) so Corral can drop their outputs, start workers with a larger "
+        "--disk (disk_per_worker), or split the task's output into smaller chunks."
+    )
