@@ -380,11 +380,12 @@ class DiskPlacement(CorePart):
         empty: all but ``ts``'s file inputs that it holds already (they stay while
         ``ts`` waits for them). Else the least disk it needs on any of them (those
         file inputs counted), the largest of their disks, and the bytes of file inputs
-        held on the worker it needs least on."""
+        held on the worker it needs least on (among equal needs, the one holding the
+        most: its error then says they are on that disk already, not to be fetched)."""
         pool = ts.spec.pool
         if ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
             return None, 0, 0  # fits the largest disk even with every input to fetch
-        least: tuple[int, int] | None = None  # (need, of which held)
+        least: tuple[int, int] | None = None  # (need, of which held, negated)
         largest = 0
         for w in self.workers.values():
             if w.draining or (pool is not None and w.pool != pool):
@@ -393,11 +394,11 @@ class DiskPlacement(CorePart):
             need = self._fetch_bytes(ts, w) + held + out
             if not w.disk or need <= w.disk:
                 return None, 0, 0  # it fits there once that disk has room
-            least = (need, held) if least is None else min(least, (need, held))
+            least = (need, -held) if least is None else min(least, (need, -held))
             largest = max(largest, w.disk)
         if least is None:
             return None, largest, 0
-        return least[0], largest, least[1]
+        return least[0], largest, -least[1]
 
     def _least_need_now(self, ts: TaskState, out: int) -> tuple[int | None, int, str]:
         """As ``_least_need``, but against the disk the workers of ``ts``'s pool have

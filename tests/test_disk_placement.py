@@ -277,11 +277,12 @@ def test_file_inputs_a_worker_holds_count_on_its_disk_when_no_worker_could_hold_
     assert stack.state == "erred" and not stack.tries
     err = stack.error
     assert isinstance(err, TaskTooBigForDisk)
-    assert (err.needed, err.largest, err.expected, err.held) == (50 * MB, 40 * MB, 0, 20 * MB)
+    # (50 MiB on either: told on the one holding the most, 30 MiB)
+    assert (err.needed, err.largest, err.expected, err.held) == (50 * MB, 40 * MB, 0, 30 * MB)
     assert err.source == TaskTooBigForDisk.UNCOUNTED
     assert str(err).startswith(
-        "task 'stack' needs 50.0 MiB of disk for its inputs alone (30.0 MiB to fetch there "
-        "plus 20.0 MiB of its file inputs already on that worker's disk; its output not "
+        "task 'stack' needs 50.0 MiB of disk for its inputs alone (20.0 MiB to fetch there "
+        "plus 30.0 MiB of its file inputs already on that worker's disk; its output not "
         "counted"
     )
     assert "split the task so that it reads fewer inputs" in str(err)
@@ -707,3 +708,29 @@ def test_a_stuck_task_is_told_how_many_outputs_only_your_futures_hold(
         "next is submitted) so Corral can drop their outputs, start workers with a larger "
         "--disk (disk_per_worker), or split the task's output into smaller chunks."
     )
+
+
+def test_an_input_the_worker_holds_is_not_told_as_one_to_fetch(make_state: Factory) -> None:
+    """A user audit: "needs 200.0 MiB of disk (an output of 100.0 MiB, measured ...,
+    plus 100.0 MiB of inputs it must fetch)" for a task that ran on the worker holding
+    its input. Its need is the same on either worker (input and output); it is told on
+    the one holding its input: the input is on that worker's disk already."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=6 * MB)
+    join(s, "w2", disk=6 * MB)
+    submit(s, {"raw-0": [], "cal-0": ["raw-0"]}, ["cal-0"], attrs={"raw-0": disk(MB)})
+    here = worker_of_key(s, "raw-0")
+    finish(s, here, "raw-0", nbytes=4 * MB, file=True)
+    disk_used(s, here, 4 * MB)
+    assert worker_of_key(s, "cal-0") == here
+    err = DiskFull("cal-0", here, 4 * MB, 2 * MB, 6 * MB)
+    finish(s, here, "cal-0", outcome="disk-full", nbytes=4 * MB, error=err)
+    e = s.tasks["cal-0"].error
+    assert isinstance(e, TaskTooBigForDisk) and not e.stuck
+    assert (e.needed, e.largest, e.held) == (8 * MB, 6 * MB, 4 * MB)
+    assert str(e).startswith(
+        "task 'cal-0' needs 8.0 MiB of disk (an output of 4.0 MiB, measured: a try of this "
+        "task wrote that much and ended disk-full, plus 4.0 MiB of its file inputs already "
+        "on that worker's disk), more than the largest disk of any worker can hold (6.0 MiB)"
+    )
+    assert "inputs it must fetch" not in str(e)
