@@ -1,7 +1,10 @@
 """Python snippets of the docs run as they stand, pasted into ``python -m asyncio``
 (top-level ``await`` and ``async with``), each in a fresh interpreter: a user audit
 found these failing so (``Cluster`` not imported, a ``stream=f`` with no ``f``, a
-``set_policy`` after its cluster had closed). A block is found by a string it holds."""
+``set_policy`` after its cluster had closed). A block is found by a string it holds.
+files.md's cluster snippets also run as a script (an ``async def main()`` run by
+``asyncio.run``): another audit found them top-level ``async with``, a SyntaxError in a
+script (``test_the_snippet_runs_as_a_script``)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ SNIPPETS = [
     ("configuration.md", 'configure("DEBUG", stream=f)'),
     ("files.md", 'async with Cluster(policies={"priority": "consumers-first"})'),
     ("files.md", 'await cluster.set_policy("priority", "consumers-first")'),
+    ("files.md", "async with Cluster(workers=8, prune_depth=2) as cluster:"),
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
 ]
 
@@ -53,3 +57,19 @@ def test_the_snippet_runs_as_it_stands(tmp_path: Path, doc: str, holding: str) -
         env=env, capture_output=True, text=True, timeout=LIMIT,
     )  # fmt: skip
     assert done.returncode == 0 and "snippet ran" in done.stdout, done.stderr[-2000:]
+
+
+#: the snippets that must run as a script too: plain ``python``, no top-level await
+SCRIPTS = [(doc, holding) for doc, holding in SNIPPETS if doc == "files.md"]
+
+
+@pytest.mark.parametrize(("doc", "holding"), SCRIPTS)
+def test_the_snippet_runs_as_a_script(tmp_path: Path, doc: str, holding: str) -> None:
+    script = tmp_path / "snippet.py"
+    script.write_text(block(doc, holding))
+    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=LIMIT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
