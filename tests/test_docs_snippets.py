@@ -37,6 +37,7 @@ SNIPPETS = [
     ("files.md", 'async with Cluster(policies={"priority": "consumers-first"})'),
     ("files.md", 'await cluster.set_policy("priority", "consumers-first")'),
     ("files.md", "async with Cluster(workers=8, prune_depth=2) as cluster:"),
+    ("files.md", "def stage(path):"),  # staging inputs from shared storage
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
 ]
 
