@@ -222,7 +222,8 @@ class _Job:
     """A submission, a release or a request that waits, in the intake: its turns, its
     client (``lane``; None: a request that waits for everything before it, and that
     everything after it waits for), and the jobs that came before it that it waits for
-    (``after``: its client's, and the other clients' that touch one of its keys)."""
+    (``after``: those, its own client's or another's, that bring or touch one of its
+    keys)."""
 
     __slots__ = ("after", "done", "keyset", "lane", "turns")
 
@@ -235,7 +236,7 @@ class _Job:
 
     def keys(self) -> frozenset[Any]:
         """The keys its turns still to come bring or touch (made once, when another
-        client's job is compared with it: it may grow no more, only shrink)."""
+        job is compared with it: it may grow no more, only shrink)."""
         if self.keyset is None:
             some: set[Any] = set()
             for t in self.turns:
@@ -253,8 +254,11 @@ class _Job:
         return not self.after
 
     def clashes(self, other: _Job) -> bool:
-        """Whether this job must wait for ``other``, which came before it."""
-        if self.lane is None or other.lane is None or self.lane == other.lane:
+        """Whether this job must wait for ``other``, which came before it: either is a
+        request that waits for everything, or this one touches a key that ``other``
+        brings or touches (of the same client or not: a client's jobs that share no
+        key need no order, as the core keeps each submission apart by its run)."""
+        if self.lane is None or other.lane is None:
             return True
         mine, theirs = self.keys(), other.keys()
         small, large = (mine, theirs) if len(mine) <= len(theirs) else (theirs, mine)
@@ -263,15 +267,18 @@ class _Job:
 
 class _IntakeQueue:
     """What waits to be taken in, by client: each client's jobs in the order they came,
-    the clients served one turn each in turn (round robin), a job going once the jobs
-    before it that it waits for (:meth:`_Job.clashes`) are done. So a small graph of
-    one client goes in between the pieces of another client's large graph, while one
-    client's submissions, releases and cancels keep their order, and a job touching
-    keys another client's earlier job brings (or reads) waits for that one."""
+    the clients served one turn each in turn (round robin), and within a client its
+    jobs that may go, one turn each in turn; a job goes once the jobs before it that
+    it waits for (:meth:`_Job.clashes`) are done. So a small graph goes in between the
+    pieces of a large one, of another client or of its own (a service's one client: a
+    request made during another request's large ``map``), while a job that touches
+    keys an earlier job brings (or reads, or lets go of) waits for that one, and a
+    cancel that must wait waits for everything before it."""
 
     def __init__(self) -> None:
-        #: client -> its jobs, in the order they came; the clients in the order they
-        #: are served next (a client served goes to the end)
+        #: client -> its jobs, in the order they are served next (a job served goes to
+        #: the end of its client's); the clients in the order they are served next (a
+        #: client served goes to the end)
         self.lanes: dict[str | None, deque[_Job]] = {}
 
     def __len__(self) -> int:
@@ -292,32 +299,33 @@ class _IntakeQueue:
     def job(self, lane: str | None, turns: Iterable[_Turn]) -> _Job:
         """A job of ``lane``, with the jobs now waiting that it must wait for."""
         job = _Job(lane, turns)
-        own = self.lanes.get(lane)
-        if own:  # (the latest of its own client's waits for the ones before)
-            job.after.append(own[-1])
-        job.after.extend(
-            j for other, jobs in self.lanes.items() if other != lane
-            for j in jobs if job.clashes(j)
-        )  # fmt: skip
+        job.after.extend(j for j in self.jobs() if job.clashes(j))
         return job
 
     def add(self, job: _Job) -> None:
         if job.turns:
             self.lanes.setdefault(job.lane, deque()).append(job)
 
-    def pop(self, lane: Any = ...) -> _Turn | None:
-        """The next turn: of the first client in turn whose first job may go (of
-        ``lane`` only, when given); None if none may."""
-        for name, jobs in self.lanes.items():
-            if (lane is ... or name == lane) and jobs[0].ready():
-                break
-        else:
+    def pop(self, job: _Job | None = None) -> _Turn | None:
+        """The next turn: of the first client in turn that has a job that may go, its
+        first such job's (``job``'s, when given, if it may go); None if none may."""
+        if job is None:
+            job = next((j for jobs in self.lanes.values() for j in jobs if j.ready()), None)
+            if job is None:
+                return None
+        elif job.done or not job.ready():
             return None
-        job = jobs[0]
+        name = job.lane
+        jobs = self.lanes[name]
         turn = job.turns.popleft()
-        if not job.turns:
-            job.done, job.keyset = True, None
+        if jobs[0] is job:  # (O(1) while its client has one job under way)
             jobs.popleft()
+        else:
+            jobs.remove(job)
+        if job.turns:  # (to the end: its client's other jobs go first)
+            jobs.append(job)
+        else:
+            job.done, job.keyset = True, None
         del self.lanes[name]
         if jobs:  # (to the end: the others go first)
             self.lanes[name] = jobs
@@ -651,7 +659,7 @@ class Scheduler(Actor):
             return lambda stimulus: self._handle(
                 GraphSubmitted(
                     stimulus, self.clock.now(), p.specs, keys, i > 0, p.hold, p.unhold,
-                    unconfigured, echo, msg.client, i == last,
+                    unconfigured, echo, msg.client, i == last, msg.run,
                 )
             )  # fmt: skip
 
@@ -666,13 +674,14 @@ class Scheduler(Actor):
 
     def _queue(self, job: _Job) -> None:
         """Add ``job`` to the intake; its first turn now if it may go (nothing before
-        it that it waits for: the other clients' pieces wait for the next turn)."""
+        it that it waits for: the pieces of the graphs under way, its own client's
+        too, wait for the next turn)."""
         busy = bool(self._intake)
         self._intake.add(job)
         if not busy:
             self._take_in()
         elif job.ready():  # (one _Intake is on its way already)
-            self._take_in(job.lane, again=False)
+            self._take_in(job, again=False)
 
     @property
     def taking_in(self) -> bool:
@@ -686,13 +695,13 @@ class Scheduler(Actor):
         await anyio.lowlevel.checkpoint()
         self._take_in()
 
-    def _take_in(self, lane: Any = ..., *, again: bool = True) -> None:
-        """Take in the next piece, of the next client in turn (of ``lane`` only, when
+    def _take_in(self, job: _Job | None = None, *, again: bool = True) -> None:
+        """Take in the next piece, of the next client in turn (of ``job`` only, when
         given), and carry out the releases and cancels before it; while anything is
         left, the next ``_Intake`` goes to the end of the mailbox (unless not
         ``again``: one is on its way)."""
         try:
-            while (turn := self._intake.pop(lane)) is not None:
+            while (turn := self._intake.pop(job)) is not None:
                 turn.apply(turn.stimulus)
                 if turn.alone:
                     break

@@ -91,9 +91,12 @@ class GraphSubmitted(Event):
     known before), each with the wanted keys among its tasks (the first also the
     wanted keys known before). ``continued``: a later piece of ``echo_to``'s
     submission before it (one submission for the priority policies: one generation).
-    The pieces of different clients' submissions may come between each other (the
-    scheduler's intake takes one piece of each client in turn); one client's come one
-    submission after the other. ``hold``: keys of
+    The pieces of different submissions may come between each other (the scheduler's
+    intake takes one piece of each client in turn, and of each of a client's
+    submissions that reads and names none of the keys of its earlier ones still being
+    taken in); ``run``: the submission's id (the manager's run), which tells one
+    client's submissions apart (""; one client's pieces come one submission after the
+    other). ``hold``: keys of
     this piece a later piece reads, kept (counted as wanted) until ``unhold``, in the
     piece that brings their last reader, lets them go. ``unconfigured``: ``(pool,
     why)`` for the pools the submission's tasks name that are not configured (the
@@ -113,6 +116,7 @@ class GraphSubmitted(Event):
     echo: tuple[Key, ...] = ()
     echo_to: str = ""
     final: bool = True
+    run: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -738,11 +738,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: the turn of the task sent to a worker latest: a client's next submission
         #: starts at it at the earliest (an idle client saves no turns)
         self.turn_floor = 0
-        #: the submissions being taken in, by client (``GraphSubmitted.echo_to``): the
-        #: pieces of different clients' submissions may come between each other's (the
-        #: shell's intake serves clients in turn), one client's come one submission
-        #: after the other; ``_latest``: the one started last
-        self._open: dict[str, _Submission] = {}
+        #: the submissions being taken in, by client and run (``GraphSubmitted.echo_to``,
+        #: ``run``): the pieces of different submissions may come between each other's
+        #: (the shell's intake serves clients in turn, and a client's submissions that
+        #: share no key in turn); ``_latest``: the one started last
+        self._open: dict[tuple[str, str], _Submission] = {}
         self._latest = _Submission(0)
         self._sub = self._latest  #: the submission of the piece being taken in
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
@@ -1332,16 +1332,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     # ----------------------------------------------------------------- event handlers
 
     def _graph_submitted(self, ev: GraphSubmitted) -> None:
-        sub = self._open.get(ev.echo_to) if ev.continued else None
+        which = (ev.echo_to, ev.run)
+        sub = self._open.get(which) if ev.continued else None
         if not ev.continued:  # every piece of one submission shares its generation
             self.generation += 1
             sub = self._latest = _Submission(self.generation)
         elif sub is None:  # (a core fed pieces each marked final: the latest submission's)
             sub = self._latest
         if ev.final:
-            self._open.pop(ev.echo_to, None)
+            self._open.pop(which, None)
         else:
-            self._open[ev.echo_to] = sub
+            self._open[which] = sub
         self._sub = sub
         gen = sub.generation
         new: list[TaskState] = []

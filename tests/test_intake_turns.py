@@ -34,10 +34,13 @@ from tests.test_graph_intake import chains, inc
 __all__ = ["make_state"]  # the autouse fixture, used by name
 
 
-def piece_event(piece: runtime.graph.SpecPiece, i: int, last: int, client: str) -> Any:
+def piece_event(
+    piece: runtime.graph.SpecPiece, i: int, last: int, client: str, run: str = ""
+) -> Any:
+    more = {"run": run} if run else {}
     return event(
         GraphSubmitted, specs=piece.specs, wanted=piece.keys, continued=i > 0, hold=piece.hold,
-        unhold=piece.unhold, echo_to=client, final=i == last,
+        unhold=piece.unhold, echo_to=client, final=i == last, **more,
     )  # fmt: skip
 
 
@@ -71,12 +74,109 @@ def test_a_submission_keeps_its_generation_and_turns_across_another_clients_grap
     assert not state._open  # both submissions are in
 
 
+def test_one_clients_submissions_keep_their_generations_when_their_pieces_interleave(
+    make_state: Factory,
+) -> None:
+    """Client a's graph in 3 pieces (run-1), then a's own small graph (run-2) between
+    its first two, as the intake now takes a client's later submission in: each keeps
+    its own generation and turns. (Before, the core kept one submission under way per
+    client: the small graph's last piece closed it, and a's later pieces became the
+    small graph's generation.)"""
+    state = make_state(priority="fair")
+    big, big_ends = chains(15, 2, "a")  # 30 tasks: 3 pieces of 10
+    small, small_ends = chains(2, 1, "s")
+    specs = build_specs(big, big_ends)
+    pieces = in_pieces(specs, big_ends, 10)
+    state.handle(piece_event(pieces[0], 0, 2, "a", "run-1"))
+    first = max(state.tasks[k].turn for k in pieces[0].specs)
+    (s_piece,) = in_pieces(build_specs(small, small_ends), small_ends, 10)
+    state.handle(piece_event(s_piece, 0, 0, "a", "run-2"))
+    for i in (1, 2):
+        state.handle(piece_event(pieces[i], i, 2, "a", "run-1"))
+    assert {state.tasks[k].generation for k in big} == {1}
+    assert {state.tasks[k].generation for k in small} == {2}
+    assert sorted(state.tasks[k].turn for k in big) == sorted(s.order for s in specs.values())
+    assert min(state.tasks[k].turn for k in small) > first  # after what was in before it
+    assert not state._open  # both submissions are in
+
+
 # -- the scheduler -----------------------------------------------------------------------
 
 
-def noting_pieces(monkeypatch: pytest.MonkeyPatch, scheds: list[Scheduler]) -> list[Any]:
+@pytest.mark.anyio
+async def test_a_small_graph_goes_in_between_the_pieces_of_its_own_clients_large_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client a's graph of 60 pieces, then a's own graph of 10 tasks, which reads and
+    names none of its keys (a service's one client: one request's large map, then
+    another's small one): the small one is taken in while the large one has pieces
+    still to come, after at most one of them. (Before, one client's submissions went in
+    one after the other: the small one waited for all 60 pieces.)"""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    scheds: list[Scheduler] = []
+    big, big_ends = chains(600, 5, "a")
+    small, small_ends = chains(10, 1, "s")
+    seen = noting_pieces(monkeypatch, scheds, set(small))
+    with anyio.fail_after(30):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            scheds.append(sched)
+            submit(sched, "run-big", big, big_ends, "a")
+            submit(sched, "run-small", small, small_ends, "a")
+            await wait_until(lambda: sched.state.created == 3010 and not sched._intake)
+            assert {sched.state.tasks[k].state for k in small} == {"queued"}
+            assert {sched.state.tasks[k].generation for k in small} == {2}
+    which = [s[0] for s in seen]
+    assert which.count("big") == 60 and which.count("small") == 1
+    at = which.index("small")
+    assert at <= 2, which[: at + 1]  # after at most the piece under way and one more
+    _, final, left, _ = seen[at]
+    assert final and left >= 50  # the large graph's pieces still to come
+
+
+@pytest.mark.anyio
+async def test_a_submit_during_its_own_clients_large_map_runs_before_the_intake_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the API, one cluster (one client): a ``map`` of 3,000 tasks (60 pieces),
+    and, once its first piece is in, an earlier request's future let go of and
+    ``submit(..., priority=100)``: the small task is taken in and sent to the worker
+    while the map's pieces are still being taken in, and its result comes. (Before, it
+    reached the scheduler only after the map's last piece: ``priority=`` did not help
+    during the intake; the release, of a key the map does not touch, does not hold it
+    up either.)"""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    scheds: list[Scheduler] = []
+    keys: set[Key] = set()
+    seen = noting_pieces(monkeypatch, scheds, keys)
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            sched = cluster._scheduler_actor
+            scheds.append(sched)
+            earlier = cluster.submit(inc, 1000, pure=False)
+            keys.add(earlier.key)
+            assert await earlier == 1001
+            big = cluster.map(inc, range(3000), pure=False)
+            await wait_until(lambda: "big" in [s[0] for s in seen], step=0)  # a piece is in
+            earlier.release()  # (an earlier request done: its future goes)
+            small = cluster.submit(inc, -1, pure=False, priority=100)
+            keys.add(small.key)
+            assert await small == 0
+            assert len(await cluster.gather(big)) == 3000
+    left = [s[2] for s in seen if s[0] == "small"][1]  # (the first: the earlier's)
+    assert left > 0, "the small graph waited for the whole intake"
+    last = next(i for i, s in enumerate(seen) if s[0] == "big" and s[1])  # the map's last
+    sent = set().union(*(s[1] for s in seen[:last] if s[0] == "execute"))
+    assert small.key in sent, "the small task was sent only after the map's intake"
+
+
+def noting_pieces(
+    monkeypatch: pytest.MonkeyPatch, scheds: list[Scheduler], small: set[Key] | None = None
+) -> list[Any]:
     """The ``(client, final, pieces left in the intake, states of the piece's tasks after
-    it, Execute commands)`` of each piece the core takes in, in order."""
+    it)`` of each piece the core takes in, and ``("execute", keys)`` of each Execute
+    command, in order; with ``small``, ``"small"`` in place of the client for a piece
+    bringing one of its keys, else ``"big"``."""
     seen: list[Any] = []
     handle = SchedulerState.handle
 
@@ -86,7 +186,12 @@ def noting_pieces(monkeypatch: pytest.MonkeyPatch, scheds: list[Scheduler]) -> l
             if isinstance(ev, GraphSubmitted):
                 left = len(scheds[0]._intake) if scheds else 0
                 states = {self.tasks[k].state for k in ev.specs}
-                seen.append((ev.echo_to, ev.final, left, states))
+                which = (
+                    ev.echo_to
+                    if small is None
+                    else ("big", "small")[not small.isdisjoint(ev.specs)]
+                )
+                seen.append((which, ev.final, left, states))
         run = {t.key for c in out if isinstance(c, Execute) for t in c.tasks}
         if run:
             seen.append(("execute", run))
