@@ -1266,6 +1266,7 @@ class _ClassCodec:
     """
 
     __slots__ = (
+        "absent",
         "built",
         "cls",
         "decs",
@@ -1298,6 +1299,9 @@ class _ClassCodec:
         #: per field needing it, the rewrite of its JSON value into msgspec's input;
         #: None: msgspec cannot type the class (decode_slow decodes it)
         self.preps: tuple[tuple[str, _Dec], ...] | None = None
+        #: the fields a frame may lack that then read otherwise than their defaults
+        #: (the class's ``absent_reads_as``), with that value in its wire form
+        self.absent: tuple[tuple[str, Any], ...] = tuple(cls.absent_reads_as.items())
         self.built = False
 
     def build(self) -> None:
@@ -1365,6 +1369,10 @@ class _ClassCodec:
         return out
 
     def decode_fields(self, fields: Any, bufs: list[bytes]) -> Message:
+        if self.absent and type(fields) is dict:  # what an older peer's frame lacks
+            for name, value in self.absent:
+                if name not in fields:
+                    fields[name] = value
         preps = self.preps
         if preps is None:
             return self.decode_slow(fields, bufs)

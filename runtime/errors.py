@@ -60,6 +60,7 @@ __all__ = [
     "PolicyKindError",
     "PolicyParamsError",
     "ProtocolError",
+    "ProtocolMismatch",
     "RemoteError",
     "ReportOutputError",
     "ReportRunError",
@@ -240,6 +241,49 @@ class TooManyFrames(ProtocolError):
 
     def __init__(self, message: str, frames: int, limit: int) -> None:
         CorralError.__init__(self, message, field="", type_name="", frames=frames, limit=limit)
+
+
+class ProtocolMismatch(ProtocolError):
+    """A manager refused a worker, client or console (``kind``, named ``name``) at its
+    Hello: the peer speaks version ``peer`` of the protocol between a manager and its
+    peers, the manager ``manager`` (of Corral ``version``), and a manager serves only
+    peers of its own (``runtime.node.PROTOCOL_VERSION``; 0: a peer from before protocol
+    versions). An older peer must be upgraded, a newer one waits for its manager's
+    upgrade. Nothing of it was registered: a refused worker was never given a task."""
+
+    kind: str
+    name: str
+    peer: int
+    manager: int
+    version: str
+
+    def __init__(self, kind: str, name: str, peer: int, manager: int, version: str) -> None:
+        if peer < manager:
+            peers = (
+                "0 (a Corral from before protocol versions, older than the manager's)"
+                if peer == 0
+                else f"{peer}, older than the manager's"
+            )
+            todo = (
+                f"upgrade this {kind}'s Corral to the manager's (the same release or "
+                f"checkout) and start it again"
+            )
+        else:
+            peers = f"{peer}, newer than the manager's"
+            todo = "upgrade the manager first (or run the same version on both)"
+        CorralError.__init__(
+            self,
+            f"the manager refused this {kind} ({name!r}): it speaks Corral protocol "
+            f"{peers}, and the manager speaks protocol {manager} (Corral {version}), the "
+            f"only one it serves: {todo}. See docs/deployment.md, Upgrading Corral",
+            field="",
+            type_name="",
+            kind=kind,
+            name=name,
+            peer=peer,
+            manager=manager,
+            version=version,
+        )
 
 
 class RemoteError(CorralError):

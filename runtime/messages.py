@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar, cast, dataclass_transform
 
 __all__ = [
@@ -41,6 +41,11 @@ class Message:
     __slots__ = ()
     wire_name: ClassVar[str] = ""
     local: ClassVar[bool] = False
+    #: what a field reads as when a decoded frame lacks it, where that differs from its
+    #: default: the value an older peer, whose code did not have the field, means
+    #: (``Hello.protocol``: 0, a peer from before protocol versions). The default stays
+    #: what this side's code builds the message with.
+    absent_reads_as: ClassVar[Mapping[str, Any]] = {}
 
     def to_fields(self) -> dict[str, Any]:
         """The message's fields as a shallow dict (nested messages stay objects)."""

@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -91,6 +91,7 @@ from runtime.errors import (
     PermissionDenied,
     PoolNameError,
     ProtocolError,
+    ProtocolMismatch,
     TaskArgumentsTooLarge,
     TaskErrorTooLarge,
     TokenFileError,
@@ -103,6 +104,7 @@ from runtime.home import corral_home, private_dir
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
+    CORRAL_VERSION,
     AlertRuleAdd,
     AlertRuleRemove,
     AlertsRequest,
@@ -173,6 +175,7 @@ __all__ = [
     "ALLOWED",
     "HELLO_RULES",
     "HELLO_TIMEOUT",
+    "PROTOCOL_VERSION",
     "ControlPlane",
     "Gateway",
     "Hello",
@@ -219,6 +222,26 @@ RECONNECT_TIMEOUT = 10.0
 HELLO_TIMEOUT = 10.0
 #: What the listener's refusal log and ``corral_refused_connections_total`` call it
 NO_HELLO = "no hello"
+#: The version of the protocol between a manager and its workers, clients and consoles,
+#: sent in every ``Hello`` (``Hello.protocol``). A manager serves only peers of its own
+#: version: it refuses any other at its Hello (a ``Refused`` frame carrying
+#: :class:`ProtocolMismatch`, which a peer of any Corral version reads), before a worker
+#: is registered or a client submits anything (docs/deployment.md, Upgrading Corral).
+#: Bump it by one in the commit that changes what crosses between those processes in a
+#: way the other side's code cannot read, or would misread: a field added to, removed
+#: from, renamed or retyped in a message that crosses (runtime/messages.py, the Hello,
+#: Welcome and ``Refused`` frames, the typed replies; the codec refuses a field it does
+#: not know), a message type an older peer could be sent, a field whose meaning
+#: changes, or an attribute of a process-local message that crosses pickled (a client's
+#: ``SubmitGraphRequest``, a worker's ``RunTasks``). The first frames themselves must
+#: stay readable by every version: ``Hello`` only gains fields with defaults (an older
+#: manager refuses a field it does not know, which a newer worker reports as "upgrade
+#: the manager first"), and ``Refused`` never changes. 0: a peer from before protocol
+#: versions (its Hello has no ``protocol``).
+#: tests/test_protocol_version.py fingerprints the messages' catalogue: a change to it
+#: fails there until it is recorded, under a raised version or (a change no older peer
+#: can notice, a process-local message that never crosses) under the same one.
+PROTOCOL_VERSION = 1
 #: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0
@@ -1682,6 +1705,11 @@ class Hello(Message):
     info: WorkerInfo | None = None
     #: a returning worker: the secret its id was given at registration (Welcome)
     secret: str = ""
+    #: the protocol version the peer speaks (:data:`PROTOCOL_VERSION`); a Hello without
+    #: it comes from a Corral of before protocol versions, and reads as 0
+    protocol: int = PROTOCOL_VERSION
+
+    absent_reads_as: ClassVar[Mapping[str, Any]] = MappingProxyType({"protocol": 0})
 
 
 @message("corral.Welcome")
@@ -2166,6 +2194,10 @@ class Gateway:
             if isinstance(hello, Hello):
                 got = f"Hello(kind={hello.kind[:40]!r}, name of {len(hello.name)} characters)"
             return ProtocolError(f"{HELLO_RULES}; got {got}")
+        if hello.protocol != PROTOCOL_VERSION:  # before anything else: it cannot be served
+            return ProtocolMismatch(
+                hello.kind, hello.name[:MAX_NAME], hello.protocol, PROTOCOL_VERSION, CORRAL_VERSION
+            )
         name = hello.name
         live = self.peers.get(name)
         if hello.kind == "worker":
@@ -2265,6 +2297,17 @@ class Gateway:
         hello = first.msg
         role = getattr(conn, "role", None) or "admin"  # no authentication configured
         refusal = self._hello_refusal(hello, role)
+        if isinstance(refusal, ProtocolMismatch):
+            self.refused_hellos += 1
+            _log.error(
+                "refused a peer of another Corral protocol version", peer=conn.peer_address,
+                kind=refusal.kind, name=refusal.name, its_protocol=refusal.peer,
+                protocol=refusal.manager, version=CORRAL_VERSION, reason=str(refusal),
+            )  # fmt: skip
+            # A peer older than the class reads it as the ProtocolError it knows.
+            plain = ProtocolError(str(refusal)) if refusal.peer == 0 else None
+            await refuse(conn, refusal, readable=plain)
+            return
         if refusal is not None:
             self.refused_hellos += 1
             _log.warning(

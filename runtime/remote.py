@@ -687,13 +687,21 @@ def unreadable_reply(text: str) -> str:
     )
 
 
-async def refuse(conn: Any, error: BaseException, *, going_away: bool = False) -> None:
+async def refuse(
+    conn: Any,
+    error: BaseException,
+    *,
+    going_away: bool = False,
+    readable: BaseException | None = None,
+) -> None:
     """Send ``error`` as a :class:`Refused` frame (pickled too, for a side that opens
     pickles from us) and close ``conn``: the other side learns why, not just that.
     ``going_away``: a goodbye (this side stops on purpose), not a refusal: the close
-    says so too (a websocket's code 1001, not 1008)."""
+    says so too (a websocket's code 1001, not 1008). ``readable``: what to pickle in
+    its place, for a side whose code may not have ``error``'s class (an older Corral's:
+    it would read only the frame's kind and text)."""
     try:
-        pickled = pickling.cloudpickle_dumps(error)
+        pickled = pickling.cloudpickle_dumps(error if readable is None else readable)
     except Exception:
         pickled = None
     with contextlib.suppress(CorralError):  # closed meanwhile: nobody to tell

@@ -1,0 +1,266 @@
+"""A worker or client of another protocol version than its manager's is refused at its
+Hello, in a frame it can read, and nothing of it is registered.
+
+A multimachine audit (finding 1): a worker of a checkout a day or two older than its
+manager could not read the manager's ``Welcome`` (a field it did not know), but the
+manager had registered it and sent it tasks; it died on each, rejoined (systemd,
+``--connect-retry``), and after three lives the user's tasks failed with
+``TaskCrashedWorkers``, blaming their own code. Now every ``Hello`` carries the
+protocol version (``runtime.node.PROTOCOL_VERSION``; a Hello of before protocol
+versions reads as 0), and a manager refuses a peer of another version with
+:class:`ProtocolMismatch` in a ``Refused`` frame, whose shape never changed, pickled as
+a plain ``ProtocolError`` for a peer from before protocol versions (whose code lacks the
+class). The older peers are simulated by the frames their code sent (the shapes of
+commits 477bcb2 and 1aeca3d, from git history) over a real websocket to a manager
+process; ports from 65000-65535."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import pickle
+import pkgutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from runtime import Cluster, __version__
+from runtime.codec import Frame, decode, decode_batch, encode
+from runtime.errors import ProtocolError, ProtocolMismatch
+from runtime.messages import WorkerInfo
+from runtime.node import PROTOCOL_VERSION, Hello
+from runtime.remote import Refused
+from tests.helpers import Cli, free_port_between
+
+LO, HI = 65000, 65535  # the range given to these tests (ports end at 65535)
+
+#: The fields of a 2026-12-04 worker's (1aeca3d) WorkerInfo, as its Hello carried it.
+OLD_INFO = {
+    "worker_id": "old-w",
+    "cores": 1,
+    "memory": 1 << 30,
+    "disk": 0,
+    "pool": "default",
+    "address": "ws://127.0.0.1:9",
+    "deadline": 0.0,
+    "block": "",
+}
+#: The Hello of a worker of before protocol versions (477bcb2's and 1aeca3d's shape).
+OLD_WORKER_HELLO = {
+    "t": "corral.Hello",
+    "f": {
+        "kind": "worker",
+        "name": "old-w",
+        "info": {"t": "WorkerInfo", "f": OLD_INFO},
+        "secret": "",
+    },
+}
+OLD_CLIENT_HELLO = {"t": "corral.Hello", "f": {"kind": "client", "name": "old-c"}}
+#: The fields of the Refused frame of those commits (and of every one since).
+OLD_REFUSED_FIELDS = {"kind", "text", "pickled"}
+
+
+def _frame(header: dict[str, Any]) -> bytes:
+    """One frame as the old codec made it: magic 0xC7, wire format 1, a single frame."""
+    head = orjson.dumps(header)
+    return struct.pack(">BBBBI", 0xC7, 1, 1, 0, len(head)) + head
+
+
+async def _answer(address: str, token: str, data: bytes) -> bytes:
+    """Send ``data`` as the first frame of a websocket connection to the manager at
+    ``address``; the first frame it answers with (heartbeats and the transport's own
+    flow-control messages skipped), raw."""
+    import aiohttp
+    from aiohttp import WSMsgType
+
+    from transport.ws import SUBPROTOCOL, WINDOW_HEADER
+
+    headers = {"Authorization": f"Bearer {token}", WINDOW_HEADER: "1024"}
+    with anyio.fail_after(30):
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(
+                address, protocols=(SUBPROTOCOL,), headers=headers, autoping=False
+            )
+            await ws.send_bytes(data)
+            while True:
+                msg = await ws.receive()
+                assert msg.type == WSMsgType.BINARY, msg
+                if msg.data[0] == 0xC7 and _first(bytes(msg.data))[0].wire_name != "Ping":
+                    await ws.close()
+                    return bytes(msg.data)
+
+
+def _first(raw: bytes) -> tuple[Any, dict[str, Any]]:
+    """The first message in ``raw`` (a frame or a batch) other than a heartbeat (the
+    first one when all are), with its frame's header as sent."""
+    (head_len,) = struct.unpack_from(">I", raw, 4)
+    header: dict[str, Any] = orjson.loads(raw[8 : 8 + head_len])
+    entries = header.get("n", [header])
+    frames = decode_batch(raw)
+    pairs = [(f.msg, e) for f, e in zip(frames, entries, strict=True)]
+    return next(((m, e) for m, e in pairs if m.wire_name != "Ping"), pairs[0])
+
+
+def _manager(cli: Cli) -> tuple[subprocess.Popen[str], str]:
+    port = free_port_between(LO, HI)
+    proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+    cli.line_with(proc, "manager listening on")
+    return proc, f"ws://127.0.0.1:{port}"
+
+
+def _refused(raw: bytes, kind: str, name: str) -> str:
+    """The text of ``raw``, a refusal an older peer reads: the old Refused shape, its
+    error pickled as a class the old code has; the text says what to do."""
+    refused, header = _first(raw)
+    assert header["t"] == "corral.Refused", header
+    assert set(header["f"]) == OLD_REFUSED_FIELDS, header
+    assert isinstance(refused, Refused)
+    assert refused.kind == "ProtocolMismatch"
+    assert refused.pickled is not None
+    error = pickle.loads(refused.pickled)
+    assert type(error) is ProtocolError  # a class a Corral of before protocol versions has
+    assert str(error) == refused.text
+    assert refused.text == (
+        f"the manager refused this {kind} ({name!r}): it speaks Corral protocol 0 (a "
+        "Corral from before protocol versions, older than the manager's), and the "
+        f"manager speaks protocol {PROTOCOL_VERSION} (Corral {__version__}), the only "
+        f"one it serves: upgrade this {kind}'s Corral to the manager's (the same release "
+        "or checkout) and start it again. See docs/deployment.md, Upgrading Corral"
+    )
+    return refused.text
+
+
+def test_an_old_worker_is_refused_at_its_hello_and_no_task_goes_to_it(tmp_path: Path) -> None:
+    async def run(address: str, tokens: dict[str, str]) -> list[str]:
+        with anyio.fail_after(60):
+            raw = await _answer(address, tokens["worker"], _frame(OLD_WORKER_HELLO))
+            _refused(raw, "worker", "old-w")
+            async with Cluster(address, token=tokens["admin"], manager_alerts=None) as c:
+                assert await c.gather(c.map(abs, range(-4, 0))) == [4, 3, 2, 1]
+                status = await c.status()
+            return sorted(w.worker_id for w in status["workers"])
+
+    with Cli(tmp_path) as cli:
+        manager, address = _manager(cli)
+        cli.worker(address, "--name", "good", "--port", str(free_port_between(LO, HI)))
+        workers = anyio.run(run, address, cli.tokens(address))
+        assert workers == ["good"]  # the old worker was never registered
+        line = cli.line_with(manager, "refused a peer of another Corral protocol version")
+        assert "kind='worker'" in line and "name='old-w'" in line, line
+        assert f"its_protocol=0 protocol={PROTOCOL_VERSION}" in line, line
+        assert f"version='{__version__}'" in line, line
+        assert "upgrade this worker's Corral to the manager's" in line, line
+        assert manager.poll() is None
+
+
+def test_an_old_client_is_refused_at_its_hello(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        manager, address = _manager(cli)
+        token = cli.tokens(address)["admin"]
+        raw = anyio.run(_answer, address, token, _frame(OLD_CLIENT_HELLO))
+        _refused(raw, "client", "old-c")
+        cli.line_with(manager, "name='old-c'")
+        assert manager.poll() is None
+
+
+#: A worker of a newer protocol version, which this manager's code can read the Hello of.
+NEWER_WORKER = """
+import sys
+import runtime.codec as codec
+
+plain = codec._frame_header
+
+def newer(frame, bufs):
+    header = plain(frame, bufs)
+    if header.get("t") == "corral.Hello":
+        header["f"]["protocol"] += 1
+    return header
+
+codec._frame_header = newer
+from runtime.__main__ import main
+sys.exit(main(["worker", sys.argv[1], "--port", sys.argv[2]]))
+"""
+
+
+def test_a_newer_worker_is_told_to_upgrade_the_manager_first(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        manager, address = _manager(cli)
+        port = str(free_port_between(LO, HI))
+        worker = cli.spawn([sys.executable, "-c", NEWER_WORKER, address, port])
+        try:
+            code = worker.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the worker did not stop: {cli.rest(worker, 1)}") from None
+        out = "".join(cli.rest(worker))
+        assert code == 1, out
+        assert "error: ProtocolMismatch: the manager refused this worker" in out, out
+        assert (
+            f"it speaks Corral protocol {PROTOCOL_VERSION + 1}, newer than the manager's, "
+            f"and the manager speaks protocol {PROTOCOL_VERSION}"
+        ) in out, out
+        assert "upgrade the manager first (or run the same version on both)" in out, out
+        assert manager.poll() is None
+
+
+def test_a_hello_without_a_protocol_reads_as_protocol_0() -> None:
+    """The codec: a field an older peer's frame lacks reads as ``absent_reads_as``
+    says, not as its default, which is what this side's code builds with."""
+    assert Hello("client", "c").protocol == PROTOCOL_VERSION
+    assert decode(encode(Frame(Hello("client", "c")))).msg.protocol == PROTOCOL_VERSION
+    assert decode(_frame(OLD_CLIENT_HELLO)).msg == Hello("client", "old-c", protocol=0)
+    old = decode(_frame(OLD_WORKER_HELLO)).msg
+    assert old.protocol == 0 and old.info == WorkerInfo(**OLD_INFO)
+
+
+@pytest.mark.parametrize("peer", [0, PROTOCOL_VERSION + 1])
+def test_the_mismatch_pickles_as_itself(peer: int) -> None:
+    error = ProtocolMismatch("client", "c", peer, PROTOCOL_VERSION, __version__)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is ProtocolMismatch and str(back) == str(error)
+    assert (back.kind, back.name, back.peer, back.manager) == ("client", "c", peer, 1)
+
+
+#: The messages' catalogue (every message class of Corral's packages: its wire name,
+#: whether it is process-local, its fields and their annotations), fingerprinted, for
+#: each protocol version it was current at: a change to it is a decision about
+#: PROTOCOL_VERSION, which the test below asks for.
+CATALOGUES = {
+    "00a4c9616b4200300203c84d2bd3c8ee7265aab104aeaa865a8365708325368a": 1,
+}
+PACKAGES = ("runtime", "actors", "policies", "transport")
+
+
+def _catalogue() -> str:
+    """The fingerprint of the messages' catalogue, every module of the packages loaded."""
+    from runtime.messages import MESSAGE_TYPES
+
+    for name in PACKAGES:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, name + "."):
+            if not module.name.endswith("__main__"):
+                importlib.import_module(module.name)
+    rows = [
+        [wire, cls.local, [[f.name, str(f.type)] for f in dataclasses.fields(cls)]]  # type: ignore[arg-type]
+        for wire, cls in sorted(MESSAGE_TYPES.items())
+        if cls.__module__.split(".")[0] in PACKAGES  # not a test's own messages
+    ]
+    return hashlib.sha256(orjson.dumps(rows)).hexdigest()
+
+
+def test_a_change_to_the_messages_is_a_decision_about_the_protocol_version() -> None:
+    found = _catalogue()
+    assert CATALOGUES.get(found) == PROTOCOL_VERSION, (
+        f"the messages' catalogue changed (now {found}). If the code of before this "
+        "change could not read what this code sends, or would misread it (a field "
+        "added, removed, renamed or retyped in a message that crosses between "
+        "processes, typed or pickled: runtime/node.py's PROTOCOL_VERSION says what "
+        "counts), raise PROTOCOL_VERSION by one. Either way, record the catalogue in "
+        f"CATALOGUES: {found!r}: <the version>"
+    )
