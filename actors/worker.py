@@ -120,7 +120,7 @@ from runtime.messages import (
 )
 from runtime.remote import check_run_timeout, run_failure
 
-__all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"]
+__all__ = ["Executor", "ForgetWork", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"]
 
 #: the most of its file system's free space a worker leaves unused when it measures
 #: its disk (no ``--disk``): a tenth of the free space, at most this
@@ -200,6 +200,17 @@ class Leave(Message):
     the asker's timeout. The reply: the ``(key, worker)`` copies made."""
 
     cause: str
+
+
+@message(local=True)
+class ForgetWork(Message):
+    """To a worker, from its process, before the manager's first message on a joined
+    connection: the manager it joined does not know this worker (it gave it a new
+    secret: it restarted, or gave the worker up after its grace), so the work it had
+    in hand is no one's any more. Cancel every task in hand (a task process is
+    killed, a thread's slot handed to a fresh thread) and drop every output held, so
+    that the slots the manager sees free are (docs/deployment.md, As systemd
+    services)."""
 
 
 @message(local=True)
@@ -1625,6 +1636,20 @@ class Worker(Actor):
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:
         self._feed(ws.DropRequested(time.time(), msg.keys))
+
+    @handles(ForgetWork)
+    def forget_work(self, msg: ForgetWork) -> None:
+        active, held = self.state.active, tuple(self.data)
+        if active:
+            self._feed(ws.CancelRequested(time.time(), active))
+        if held:
+            self._feed(ws.DropRequested(time.time(), held))
+        if active or held:
+            self.log.warning(
+                "joined a manager that does not know this worker (restarted, or it gave "
+                "the worker up): its previous work is gone; dropped what it had",
+                tasks=len(active), outputs=len(held), running=len(self.state.running),
+            )  # fmt: skip
 
     @handles(RunCall)
     def run_call(self, msg: RunCall) -> RunOutcome | Later:

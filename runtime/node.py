@@ -74,7 +74,7 @@ from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
-from actors.worker import Leave, Spilling, Worker, host_cpus, trim_memory
+from actors.worker import ForgetWork, Leave, Spilling, Worker, host_cpus, trim_memory
 from policies import KINDS, REGISTRY
 from runtime.errors import (
     STOP_SIGNALS,
@@ -3484,6 +3484,11 @@ async def run_worker(
                     if isinstance(answer, Refused):
                         raise _WorkerRefused(refusal_error(answer, allow_pickle=True))
                     raise _WorkerRefused(not_welcomed(answer, address, "worker"))
+                if secret[0] and answer.secret != secret[0]:
+                    # A new secret: the manager does not know this worker (it restarted,
+                    # or gave it up), and no one waits for its work. Dropped before the
+                    # manager's first message (its ConfirmHolds then finds nothing).
+                    worker_ref["worker"].post(ForgetWork())
                 secret[0] = answer.secret
                 if answer.peer_token and scheme in ("ws", "wss"):
                     peer_token["token"] = answer.peer_token
