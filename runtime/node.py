@@ -1422,6 +1422,31 @@ def worker_token_refused(
     )
 
 
+def stale_token_hint(
+    address: str,
+    token: str | None,
+    token_file: str | os.PathLike[str] | None,
+    from_env: bool = False,
+) -> str:
+    """What a worker's log says, at each try its manager refuses its token (HTTP 403)
+    while it keeps trying (``--connect-retry``): the likely cause, and what mends it
+    without a restart of the worker where a restart is not needed (its token file is
+    read again at each try; a ``--token`` or ``CORRAL_TOKEN`` is not). The arguments
+    as :func:`worker_token_refused`'s."""
+    cause = (
+        "the manager probably restarted without --keep-tokens and made new tokens "
+        "(docs/security.md#keeping-tokens-across-restarts)"
+    )
+    if token or from_env:
+        given = "--token" if token else "CORRAL_TOKEN set to it"
+        return f"{cause}: stop this worker and start it again with its new worker token ({given})"
+    where = os.fspath(token_file) if token_file is not None else token_path(address)
+    return (
+        f"{cause}: copy the 'worker' entry of the manager's token file into {where}, which "
+        "this worker reads again at each try"
+    )
+
+
 def take_env_token() -> str | None:
     """``CORRAL_TOKEN`` (None: unset or empty), removed from this process's environment:
     a worker calls it once, at its start, and keeps the token in memory for its rejoins.
@@ -3565,10 +3590,16 @@ async def run_worker(
                             delay = max(delay, 0.5)
                             if window > 0:
                                 loud = True
+                                hint = {}
+                                if exc.status == 403:
+                                    hint["hint"] = stale_token_hint(
+                                        address, given, token_file, from_env
+                                    )
                                 _log.error(
                                     "the manager refused our token; retrying",
                                     worker=worker_id, status=exc.status, retry_in=delay,
                                     reason=exc.reason, token_file=os.fspath(token_file or ""),
+                                    **hint,
                                 )  # fmt: skip
                         except CorralError as exc:  # not there (yet), or not answering
                             failed += 1
