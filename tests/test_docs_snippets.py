@@ -9,6 +9,7 @@ script (``test_the_snippet_runs_as_a_script``)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,16 @@ def test_the_snippet_runs_as_a_script(tmp_path: Path, doc: str, holding: str) ->
         timeout=LIMIT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_docs_await_status_before_reading_a_key() -> None:
+    """``status()`` is a coroutine: ``cluster.status()["policies"]``, copied from the docs,
+    is a ``TypeError`` (user audit of policies F5); the docs write the awaited form."""
+    unawaited = re.compile(r"(?<!await )\b(?:cluster|Cluster|Cluster\(address\))\.status\(\)\[")
+    found = [
+        f"{doc.name}:{n}: {line.strip()[:120]}"
+        for doc in sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
+        for n, line in enumerate(doc.read_text().splitlines(), 1)
+        if unawaited.search(line)
+    ]
+    assert not found, "\n".join(found)
