@@ -472,8 +472,16 @@ class ConsoleClient:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.__aexit__(*exc_info)
+        if stack is None:
+            return
+        if isinstance(exc_info[1], Exception):
+            # The body's own error (a RemoteError, a ValueError of the user's) propagates
+            # as itself: handed to the stack, the task group that serves the connection
+            # would wrap it in an ExceptionGroup, and `except RemoteError` around the
+            # block would catch nothing. Closing the peer ends that task group cleanly.
+            await stack.aclose()
+            return
+        await stack.__aexit__(*exc_info)
 
     async def ask(self, msg: Message) -> Any:
         """Ask the manager; map a refusal of the read-only role to ``PermissionDenied``
