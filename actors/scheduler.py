@@ -1149,6 +1149,7 @@ class Scheduler(Actor):
             "policy_errors": st.policy_errors,
             "policy_errors_by": dict(st.problems.by),
             "policy_problems": dict(st.problems.problem),
+            "policy_failing": dict(st.failing),
             "replicas": _replicas(st),
             "storage": self._storage(),
             "speculative": dict(st.speculative),

@@ -619,6 +619,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._slow_turns: dict[str, deque[float]] = {}
         #: policy errors per kind, the latest problem of each, and what to tell
         self.problems = PolicyProblems()
+        #: per kind, the latest problem of the policy in force now (none since its swap)
+        self.failing: dict[str, str] = {}
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         #: pool -> (seconds lived, died unasked) of the workers that left it, newest last
@@ -992,6 +994,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         (:class:`PolicyFailed`) when it is new for the kind (``same``: what makes two
         problems the same, when not their text)."""
         errors = self.problems.note(kind, problem, self._now, same)
+        if not replaced:  # replaced: the policy in force now is another
+            self.failing[kind] = problem
         if errors is not None:
             self._out.append(PolicyFailed(self._stimulus, kind, name, problem, errors, replaced))
 
@@ -2528,6 +2532,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         else:
             self._timed.add(ev.kind)
         self.problems.afresh(ev.kind)  # a new policy's errors are told afresh
+        self.failing.pop(ev.kind, None)
         who = f" by {client_name(ev.by)}" if ev.by else ""
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
         if ev.kind == "placement":

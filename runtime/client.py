@@ -502,7 +502,8 @@ def _policies_left_news(
     set, None if not known, and the one its latest set made), warn when what it set is
     still in force on the shared manager (``in_force``): every later client runs under
     it. ``failing_before``: per kind, how the policy before was failing when this client
-    replaced it (a scaling policy's ``policy_failing``): that one is not proposed back.
+    replaced it (the status's ``policy_failing``, a scaling policy's the autoscaler's):
+    that one is not proposed back.
     Returns the kinds warned of."""
     now = {info.kind: info for info in in_force}
     warned = []
@@ -518,7 +519,7 @@ def _policies_left_news(
         elif failed is not None:
             back = (
                 f"the one in force before it, {before.name!r}, was failing ({failed}), so "
-                f"it is not proposed; console: policy list {kind} lists the others"
+                f"it is not proposed; console: policy list lists the others"
             )
         else:
             back = f"{_policy_call(before)} (console: policy set {kind} {before.name}" + (
@@ -3532,9 +3533,13 @@ class Cluster:
         if kind not in self._policies_set:
             infos = await self._manager.ask(PolicyQuery())
             before = next((i for i in infos if i.kind == kind), None)
-            if kind == "scaling" and before is not None:  # was it failing? not proposed
-                auto = await self._autoscaler_status(self._manager, 5.0)
-                if auto is not None and auto.policy == before.name and auto.policy_failing:
+            if before is not None:  # was it failing? then it is not proposed back
+                status = await self._manager_status(self._manager, 5.0)
+                auto = status.autoscaler if status is not None else None
+                if kind != "scaling":
+                    if status is not None and status.policy_failing.get(kind):
+                        self._failing_before[kind] = status.policy_failing[kind]
+                elif auto is not None and auto.policy == before.name and auto.policy_failing:
                     self._failing_before[kind] = "; ".join(
                         f"pool {p}: {t}" for p, t in sorted(auto.policy_failing.items())
                     )

@@ -1634,6 +1634,9 @@ class StatusReply(Message):
     #: per policy kind, its policy errors (slow turns included) and the latest as text
     policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)
     policy_problems: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: per kind, the latest problem of the policy in force now, if it had one since it
+    #: was set (``policy_problems`` keeps the latest of any policy of the kind)
+    policy_failing: dict[str, str] = dataclasses.field(default_factory=dict)
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     storage: StorageStatus = dataclasses.field(default_factory=StorageStatus)

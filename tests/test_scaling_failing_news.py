@@ -91,7 +91,7 @@ def test_a_failing_policy_replaced_is_not_proposed_back() -> None:
     assert told == ["scaling"]
     assert "set_policy('scaling', 'raises')" not in line and "policy set scaling raises" not in line
     assert "'raises', was failing (pool night: desired raised" in line
-    assert "policy list scaling" in line
+    assert "console: policy list lists the others" in line
 
 
 class ScaleRaises:

@@ -1,0 +1,81 @@
+"""Swapping policies at runtime (a user audit of policies, an ML engineer's long sweep):
+what a client is told of the policy it leaves in force, and what the scheduler core
+keeps of the policy in force now. Pure cores fed events; a hosted manager on
+``inproc://`` (no port) for the client's close-time warning."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import pytest
+
+import policies
+from actors.scheduler_events import PolicyChanged
+from policies.priority import GraphPriority
+from runtime.client import Cluster, _policies_left_news
+from runtime.messages import PolicyInfo
+from tests.helpers import Factory, event, log_lines, make_state, run, submit
+from tests.test_console import hosted
+
+__all__ = ["make_state"]
+
+LIMIT = 20
+
+
+@policies.register("priority", "test-swaps-raises")
+class Raises:
+    name = "test-swaps-raises"
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        raise KeyError("night")
+
+
+def test_the_core_keeps_the_problem_of_the_policy_in_force_only(make_state: Factory) -> None:
+    """``failing``: the latest problem of the policy in force now (the status's
+    ``policy_failing``); ``problems.problem`` keeps the kind's latest of any policy."""
+    s = make_state(priority=Raises())
+    submit(s, {"a": ()}, ["a"])
+    assert s.failing == {"priority": "priority raised KeyError('night')"}
+    run(s, event(PolicyChanged, kind="priority", policy=GraphPriority()))
+    assert s.failing == {} and s.problems.problem == {
+        "priority": "priority raised KeyError('night')"
+    }
+
+
+def test_a_failing_policy_replaced_is_not_proposed_back_and_the_command_works() -> None:
+    """Before: ``console: policy list scaling lists the others``, a usage error of the
+    console (``policy list`` takes no kind); and a failing priority policy was proposed
+    back."""
+    before = PolicyInfo("priority", "test-swaps-raises")
+    mine = PolicyInfo("priority", "graph")
+    with log_lines("corral.client", logging.WARNING) as log:
+        told = _policies_left_news(
+            {"priority": (before, mine)}, [mine], "m", {"priority": "priority raised KeyError"}
+        )
+        (line,) = log.lines
+    assert told == ["priority"]
+    assert "set_policy('priority', 'test-swaps-raises')" not in line
+    assert "'test-swaps-raises', was failing (priority raised KeyError)" in line
+    assert "console: policy list lists the others" in line
+    assert "policy list priority" not in line
+
+
+@pytest.mark.anyio
+async def test_a_client_does_not_propose_back_a_priority_policy_that_was_failing() -> None:
+    with anyio.fail_after(LIMIT), log_lines("corral", logging.INFO) as log:
+        async with hosted(1) as (address, _):
+            async with Cluster(address, manager_alerts=None) as first:
+                await first.set_policy("priority", "test-swaps-raises")
+                assert await first.submit(sum, [1, 2]) == 3  # the fallback answered
+            async with Cluster(address, manager_alerts=None) as second:
+                status = await second.status()
+                assert status["policy_failing"] == {"priority": "priority raised KeyError('night')"}
+                await second.set_policy("priority", "graph")
+                assert (await second.status())["policy_failing"] == {}
+            told = [ln for ln in log.lines if "stays in force" in ln]
+            assert len(told) == 2, told
+            assert "To set it back: await cluster.set_policy('priority', 'graph')" in told[0]
+            assert "set_policy('priority', 'test-swaps-raises')" not in told[1]
+            assert "'test-swaps-raises', was failing (priority raised KeyError" in told[1]
