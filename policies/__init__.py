@@ -41,10 +41,12 @@ from policies.base import (
     TaskView,
     WalltimeLoss,
     WorkerView,
+    param_values,
     params_of,
     params_text,
     policy_change_fields,
     register,
+    values_text,
 )
 
 DEFAULTS = {
@@ -84,6 +86,7 @@ __all__ = [
     "WalltimeLoss",
     "WorkerView",
     "memory",
+    "param_values",
     "params_of",
     "params_text",
     "placement",
@@ -95,4 +98,5 @@ __all__ = [
     "scaling",
     "speculation",
     "survival",
+    "values_text",
 ]

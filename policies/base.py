@@ -59,6 +59,7 @@ __all__ = [
     "check_kind",
     "check_params",
     "defaults_of",
+    "param_values",
     "params_of",
     "params_text",
     "policy_change_fields",
@@ -689,7 +690,7 @@ class PolicyRegistry:
         one's parameters with their defaults."""
         name = getattr(policy, "name", type(policy).__name__)
         return PolicyInfo(
-            kind, name, tuple(self.names(kind)), params_of(policy), self.defaults(kind)
+            kind, name, tuple(self.names(kind)), param_values(policy), self.defaults(kind)
         )
 
     def create(self, kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -877,6 +878,32 @@ def params_of(policy: Any) -> dict[str, str]:
     """The parameters ``policy`` was created with (none: its defaults), each value as
     its ``repr``: what the status and the dashboard show beside its name."""
     return {k: repr(v) for k, v in sorted(dict(getattr(policy, "params", None) or {}).items())}
+
+
+def _plain(value: Any) -> bool:
+    """``value`` is plain data that any connection carries as is (a console's takes no
+    pickles): None, a bool, a number, text, or a list, tuple or str-keyed dict of them."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def param_values(policy: Any) -> dict[str, Any]:
+    """The parameters ``policy`` was created with (none: its defaults), each as its
+    value, what ``set_policy(kind, name, **params)`` takes back; a value that is not
+    plain data (:func:`_plain`: an object of a policy's own) as its ``repr``. What
+    ``PolicyInfo.params`` carries."""
+    params = dict(getattr(policy, "params", None) or {})
+    return {k: v if _plain(v) else repr(v) for k, v in sorted(params.items())}
+
+
+def values_text(values: Mapping[str, Any] | None) -> str:
+    """:func:`param_values`' answer as the console shows it: ``tie='id', spare=2``."""
+    return ", ".join(f"{k}={v!r}" for k, v in (values or {}).items())
 
 
 def params_text(params: Mapping[str, str] | None) -> str:

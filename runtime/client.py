@@ -24,6 +24,7 @@ import functools
 import importlib
 import inspect
 import itertools
+import json
 import math
 import os
 import pickle
@@ -476,9 +477,20 @@ def _past_limit_news(said: set[str], reply: StatusReply | None, manager: str) ->
 
 
 def _policy_call(info: PolicyInfo) -> str:
-    """The call that sets the policy ``info`` describes (its params are reprs)."""
-    params = "".join(f", {k}={v}" for k, v in sorted(info.params.items()))
+    """The call that sets the policy ``info`` describes (its params are values)."""
+    params = "".join(f", {k}={v!r}" for k, v in sorted(info.params.items()))
     return f"await cluster.set_policy({info.kind!r}, {info.name!r}{params})"
+
+
+def _console_value(value: Any) -> str:
+    """``value`` as the console's ``policy set`` reads it back: JSON, or plain text for
+    a str that is not JSON (``pool=gpu``, ``max_lost=20``, ``charge_lost=false``)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value if value and " " not in value else json.dumps(value)
+    return json.dumps(value)
 
 
 def _cores_advice(processes: bool) -> str:
@@ -523,7 +535,7 @@ def _policies_left_news(
             )
         else:
             back = f"{_policy_call(before)} (console: policy set {kind} {before.name}" + (
-                "".join(f" {k}={v}" for k, v in sorted(before.params.items())) + ")"
+                "".join(f" {k}={_console_value(v)}" for k, v in sorted(before.params.items())) + ")"
             )
         warned.append(kind)
         _log.warning(

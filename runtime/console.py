@@ -60,7 +60,7 @@ from rich.text import Text
 from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
 from actors.scheduler_records import disk_stall_parts, placement_stall_parts
-from policies import params_text
+from policies import params_text, values_text
 from runtime.client_ids import console_id
 from runtime.errors import (
     ActorStopped,
@@ -761,12 +761,16 @@ class ConsoleClient:
             _usage("policy")
         kind, name = words[1], words[2]
         params = _params(words[3:])
+        before = (await self.status()).get("autoscaler") if kind == "scaling" else None
         info = jsonable(await self.set_policy(kind, name, params))
         # the parameters in force, as the policy has them (a default retry policy keeps
         # the pools' fallback: configuration.md)
-        given = params_text(info.get("params"))
-        view = Text(f"{kind} policy is now {name}" + (f" ({given})" if given else ""))
-        return Result("policy", info, view)
+        given = values_text(info.get("params"))
+        text = f"{kind} policy is now {name}" + (f" ({given})" if given else "")
+        if before:  # what the new scaling policy does to each pool's blocks, at once
+            after = (await self.status()).get("autoscaler") or {}
+            text = "\n".join([text, *scaling_swap_lines(before, after)])
+        return Result("policy", info, Text(text))
 
     async def _cmd_drain(self, rest: str) -> Result:
         words = _words(rest)
@@ -1777,6 +1781,37 @@ def config_line(config: Mapping[str, Mapping[str, Mapping[str, str]]]) -> str:
     )
 
 
+def scaling_swap_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What a new scaling policy did at once to each pool's blocks, from the autoscaler's
+    status before and after the swap (``status()["autoscaler"]``): the blocks it drains,
+    and the target that would keep them (a policy that follows the target, as ``fixed``,
+    drains a busy pool down to it: policies.md#scaling), or the blocks it asks for."""
+
+    def live(auto: Mapping[str, Any], pool: str) -> set[str]:
+        retiring = set(auto.get("retiring") or ())
+        pools = dict(auto.get("block_pools") or {})
+        return {b for b, p in pools.items() if p == pool and b not in retiring}
+
+    lines = []
+    pools = sorted(set(dict(after.get("desired") or {})) | set(dict(before.get("desired") or {})))
+    for pool in pools:
+        had, has = live(before, pool), live(after, pool)
+        wants = dict(after.get("desired") or {}).get(pool, 0)
+        drained = len(had - has)
+        if drained:
+            lines.append(
+                f"pool {pool}: {len(had)} block(s) before, the policy wants {wants}: "
+                f"{drained} being drained (no new tasks; each stops once its tasks are "
+                f"done): `scale {pool} {len(had)}` keeps them (a draining block is taken back)"
+            )
+        elif wants > len(has):
+            lines.append(
+                f"pool {pool}: {len(has)} block(s), the policy wants {wants}: "
+                f"{wants - len(has)} more asked for"
+            )
+    return lines
+
+
 def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     """Per kind: the policy in use, the parameters it was given (blank: its defaults),
     and each available policy on a line of its own with its parameters' defaults (what
@@ -1785,7 +1820,7 @@ def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     for col in ("kind", "in use", "parameters", "available (defaults)"):
         t.add_column(col)
     for i in infos:
-        given = params_text(i.get("params"))
+        given = values_text(i.get("params"))
         defaults = dict(i.get("defaults") or {})
         available = "\n".join(
             f"{name} ({params_text(defaults[name])})" if defaults.get(name) else str(name)

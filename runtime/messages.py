@@ -148,14 +148,15 @@ class SetPolicyRequest(Message):
 @message()
 class PolicyInfo(Message):
     """A policy in force: its kind, name, the names one may switch to, the parameters
-    it was made with (``policies.params_of``: each value's repr; empty for its
-    defaults), and per name one may switch to its parameters with their defaults
+    it was made with (``policies.param_values``: each as its value, what ``set_policy``
+    takes back, one that is not plain data as its repr; empty for its defaults), and per
+    name one may switch to its parameters with their defaults
     (``PolicyRegistry.defaults``: each default's repr, ``(required)`` for none)."""
 
     kind: str
     name: str
     available: tuple[str, ...] = ()
-    params: dict[str, str] = dataclasses.field(default_factory=dict)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
     defaults: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 

@@ -276,7 +276,7 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
         info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
         assert info == PolicyInfo(
                 "scaling", "queue", ("demand", "fixed", "queue"),
-                {"maximum": "3", "tasks_per_block": "10"}, REGISTRY.defaults("scaling"),
+                {"maximum": 3, "tasks_per_block": 10}, REGISTRY.defaults("scaling"),
             )  # fmt: skip
         assert info.defaults["queue"] == {"tasks_per_block": "100", "maximum": "16"}
         with pytest.raises(UnknownPolicyError):

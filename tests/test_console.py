@@ -580,7 +580,7 @@ async def test_policy_list_shows_each_available_policys_parameters_with_their_de
                 "ratio": "2.0", "min_nbytes": "1048576",
             }  # fmt: skip
             info = await console.set_policy("retry", "default", {"max_lost": 2})
-            assert info.params == {"max_lost": "2"} and info.defaults == REGISTRY.defaults("retry")
+            assert info.params == {"max_lost": 2} and info.defaults == REGISTRY.defaults("retry")
 
 
 def test_a_parameter_without_a_default_is_listed_as_required() -> None:
@@ -614,9 +614,9 @@ async def test_policy_list_and_set() -> None:
                     "policy set retry default max_lost=2 charge_lost=true --json"
                 )
             )
-            # the parameters in force, as the status shows them (each value's repr)
+            # the parameters in force, as values (what set_policy takes back)
             assert data["name"] == "default" and data["params"] == {
-                "max_lost": "2", "charge_lost": "True",
+                "max_lost": 2, "charge_lost": True,
             }  # fmt: skip
             assert "retry policy is now default (charge_lost=True, max_lost=2)" in (
                 await console.run_command("policy set retry default max_lost=2 charge_lost=true")
@@ -1390,7 +1390,7 @@ async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> 
             line = log.with_("a policy this client set stays in force")
             assert line is not None and "level='warning'" in line
             assert "kind='retry'" in line and "name='default'" in line
-            assert "'max_crashes': '5'" in line
+            assert "'max_crashes': 5" in line
             assert "To set it back: await cluster.set_policy('retry', 'default')" in line
             assert "console: policy set retry default)" in line
             # Changed since by another client, or set back: nothing to say.
@@ -1426,8 +1426,8 @@ async def test_a_policy_set_on_its_own_embedded_cluster_is_no_warning() -> None:
 
 
 def test_the_policies_left_in_force_are_told_with_the_call_that_sets_them_back() -> None:
-    before = PolicyInfo("retry", "default", params={"max_lost": "20", "pool": "'gpu'"})
-    mine = PolicyInfo("retry", "default", params={"max_crashes": "5"})
+    before = PolicyInfo("retry", "default", params={"max_lost": 20, "pool": "gpu"})
+    mine = PolicyInfo("retry", "default", params={"max_crashes": 5})
     other = PolicyInfo("placement", "round-robin")
     with log_lines("corral.client", logging.WARNING) as log:
         told = _policies_left_news(
@@ -1436,7 +1436,7 @@ def test_the_policies_left_in_force_are_told_with_the_call_that_sets_them_back()
         assert told == ["retry"]  # placement: no longer in force
         (line,) = log.lines
         assert "await cluster.set_policy('retry', 'default', max_lost=20, pool='gpu')" in line
-        assert "(console: policy set retry default max_lost=20 pool='gpu')" in line
+        assert "(console: policy set retry default max_lost=20 pool=gpu)" in line
         assert _policies_left_news({"placement": (None, other)}, [other], "m") == ["placement"]
         assert "the policy in force before it is not known" in log.lines[1]
 

@@ -13,10 +13,13 @@ import pytest
 
 import policies
 from actors.scheduler_events import PolicyChanged
+from policies import REGISTRY, PoolView, param_values
 from policies.priority import GraphPriority
+from policies.scaling import PoolLimits
 from runtime.client import Cluster, _policies_left_news
+from runtime.console import ConsoleClient
 from runtime.messages import PolicyInfo
-from tests.helpers import Factory, event, log_lines, make_state, run, submit
+from tests.helpers import Factory, event, log_lines, make_state, run, submit, wait_until
 from tests.test_console import hosted
 
 __all__ = ["make_state"]
@@ -30,6 +33,12 @@ class Raises:
 
     def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
         raise KeyError("night")
+
+
+@policies.register("scaling", "test-swaps-three")
+class Three:
+    def desired(self, pool: PoolView) -> int:
+        return 3
 
 
 def test_the_core_keeps_the_problem_of_the_policy_in_force_only(make_state: Factory) -> None:
@@ -79,3 +88,41 @@ async def test_a_client_does_not_propose_back_a_priority_policy_that_was_failing
             assert "To set it back: await cluster.set_policy('priority', 'graph')" in told[0]
             assert "set_policy('priority', 'test-swaps-raises')" not in told[1]
             assert "'test-swaps-raises', was failing (priority raised KeyError" in told[1]
+
+
+@pytest.mark.anyio
+async def test_policy_set_scaling_says_which_blocks_the_new_policy_drains() -> None:
+    """Before: ``scaling policy is now fixed`` and nothing else, while the pool's blocks
+    kept by the policy before were drained down to the target."""
+    limits = PoolLimits(max_blocks=3, slots_per_block=1)
+    with anyio.fail_after(LIMIT):
+        async with hosted(1, limits=limits) as (address, plane), ConsoleClient(address) as console:
+            await console.set_policy("scaling", "test-swaps-three")
+            workers = plane.scheduler.state.workers
+            await wait_until(lambda: len(workers) == 3, "3 blocks' workers", limit=LIMIT / 2)
+            text = await console.run_command("policy set scaling fixed")
+            assert " ".join(text.split()) == (
+                "scaling policy is now fixed pool default: 3 block(s) before, the policy "
+                "wants 1: 2 being drained (no new tasks; each stops once its tasks are "
+                "done): `scale default 3` keeps them (a draining block is taken back)"
+            )
+            # nothing drained: nothing more said
+            text = await console.run_command("policy set scaling fixed")
+            assert text.strip() == "scaling policy is now fixed"
+
+
+def test_policy_info_gives_the_parameters_as_values() -> None:
+    """Before: ``params={'tie': "'id'"}``, ``{'charge_lost': 'True'}``: reprs, which a
+    script could not give back to ``set_policy``."""
+    retry = REGISTRY.create("retry", "default", {"max_lost": 2, "charge_lost": True})
+    info = REGISTRY.info("retry", retry)
+    assert info.params == {"charge_lost": True, "max_lost": 2}
+    again = REGISTRY.create("retry", info.name, info.params)
+    assert REGISTRY.info("retry", again).params == info.params
+
+    class Mine:
+        name = "mine"
+
+    odd = GraphPriority()
+    odd.params = {"rank": ("a", 1, [None, 2.5], {"k": "v"}), "key": Mine}  # type: ignore[attr-defined]
+    assert param_values(odd) == {"key": repr(Mine), "rank": ("a", 1, [None, 2.5], {"k": "v"})}
