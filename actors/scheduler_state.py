@@ -365,6 +365,11 @@ __all__ = [
 ]
 
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
+#: A kind's policy calls are also summed over turns, over the last ``POLICY_SPREAD *
+#: policy_budget`` seconds (4 s by default): past the budget there too (the policy held
+#: the scheduler more than a quarter of that time, a sweep submitting one task per turn
+#: to a 0.9 s priority policy), it is a slow spell, counted as a slow turn is
+POLICY_SPREAD = 4.0
 #: tasks that were executing on a worker when it crashed kept, the latest, for the
 #: suspects the status names (:meth:`SchedulerState.crash_suspects`)
 MAX_SUSPECTS = 20
@@ -617,6 +622,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._turn: dict[str, list[float]] = {}
         #: per kind, when its latest slow turns were (within ``policy_slow_window``)
         self._slow_turns: dict[str, deque[float]] = {}
+        #: per kind, its earlier turns' policy calls within ``POLICY_SPREAD *
+        #: policy_budget`` seconds: (when, seconds, calls), and [their seconds, calls]
+        self._spent: dict[str, deque[tuple[float, float, int]]] = {}
+        self._spent_sum: dict[str, list[float]] = {}
         #: policy errors per kind, the latest problem of each, and what to tell
         self.problems = PolicyProblems()
         #: per kind, the latest problem of the policy in force now (none since its swap)
@@ -932,7 +941,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         turn = self._turn.get(kind)
         if turn is None:
             turn = self._turn[kind] = [0.0, 0, 0]
-        elif turn[0] > self.config.policy_budget:
+            self._spent_since(kind)
+        elif turn[0] + self._spent_sum.get(kind, [0.0])[0] > self.config.policy_budget:
             turn[2] += 1
             raise _OverBudget
         began = self._timer()
@@ -942,6 +952,21 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             turn[0] += self._timer() - began
             turn[1] += 1
 
+    def _spent_since(self, kind: str) -> None:
+        """Forget the ``kind`` calls of turns older than ``POLICY_SPREAD *
+        policy_budget`` seconds."""
+        spent = self._spent.get(kind)
+        if not spent:
+            return
+        total = self._spent_sum[kind]
+        horizon = self._now - POLICY_SPREAD * self.config.policy_budget
+        while spent and spent[0][0] < horizon:
+            _, seconds, calls = spent.popleft()
+            total[0] -= seconds
+            total[1] -= calls
+        if not spent:
+            total[:] = [0.0, 0]  # no float dust
+
     def _end_turn(self) -> None:
         """Each policy kind whose calls took more than its budget in this turn: a policy
         problem (told once), and after ``policy_slow_turns`` such turns within
@@ -949,7 +974,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         turn, self._turn = self._turn, {}
         budget = self.config.policy_budget
         for kind, (seconds, calls, skipped) in turn.items():
-            if seconds <= budget:
+            spent = self._spent.setdefault(kind, deque())
+            before = self._spent_sum.setdefault(kind, [0.0, 0])
+            if seconds + before[0] <= budget:  # within budget, this turn and lately
+                spent.append((self._now, seconds, int(calls)))
+                before[0] += seconds
+                before[1] += calls
                 continue
             policy = self.policies[kind]
             name = str(getattr(policy, "name", type(policy).__name__))
@@ -957,12 +987,25 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             slow.append(self._now)
             while slow[0] < self._now - self.config.policy_slow_window:
                 slow.popleft()
-            problem = (
-                f"{kind} policy {name!r} took {seconds:.1f} s over {calls:g} call(s) in one "
-                f"turn of the scheduler (its budget: {budget:g} s per turn); the scheduler "
-                f"is blocked meanwhile. The built-in fallback answered the turn's other "
-                f"{skipped:g} call(s)"
-            )
+            if seconds > budget:
+                problem = (
+                    f"{kind} policy {name!r} took {seconds:.1f} s over {calls:g} call(s) in "
+                    f"one turn of the scheduler (its budget: {budget:g} s per turn); the "
+                    f"scheduler is blocked meanwhile. The built-in fallback answered the "
+                    f"turn's other {skipped:g} call(s)"
+                )
+            else:  # a slow spell: a call or a few per turn, over several turns
+                span = self._now - spent[0][0] if spent else 0.0
+                problem = (
+                    f"{kind} policy {name!r} took {seconds + before[0]:.1f} s over "
+                    f"{calls + before[1]:g} call(s) in {len(spent) + 1} turns of the "
+                    f"scheduler within {span:.1f} s (its budget: {budget:g} s per turn, and "
+                    f"per {POLICY_SPREAD * budget:g} s over turns); the scheduler is blocked "
+                    f"meanwhile"
+                ) + (f". The built-in fallback answered the turn's other {skipped:g} call(s)"
+                     if skipped else "")  # fmt: skip
+            spent.clear()  # a slow turn or spell counts once: the sums start afresh
+            before[:] = [0.0, 0]
             too_slow = seconds >= self.config.policy_too_slow
             replaced = too_slow or len(slow) >= self.config.policy_slow_turns
             if replaced:
@@ -2533,6 +2576,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._timed.add(ev.kind)
         self.problems.afresh(ev.kind)  # a new policy's errors are told afresh
         self.failing.pop(ev.kind, None)
+        self._spent.pop(ev.kind, None)  # a new policy's time is summed afresh
+        self._spent_sum.pop(ev.kind, None)
         who = f" by {client_name(ev.by)}" if ev.by else ""
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
         if ev.kind == "placement":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.scheduler_events import PolicyChanged, PolicyFailed
+from actors.scheduler_events import PolicyChanged, PolicyFailed, Tick
 from policies.priority import GraphPriority
 from tests.helpers import Factory, assigned, event, join, make_state, run, submit
 
@@ -223,3 +223,48 @@ def test_the_budget_settings_are_checked() -> None:
         with pytest.raises(ValueError, match=field):
             SchedulerConfig(**{field: bad})
     SchedulerConfig(policy_budget=math.inf, policy_slow_turns=1)  # inf: never over budget
+
+
+def test_a_slow_policy_asked_once_per_turn_is_noticed_over_turns(make_state: Factory) -> None:
+    """The sweep audit: a sweep submits one trial at a time, so a 0.9 s priority policy
+    is asked once per turn, under the 1 s per-turn budget for ever, blocking the
+    scheduler 0.9 s per task unnoticed. Its calls are now summed over turns too (over
+    ``POLICY_SPREAD * policy_budget`` seconds): past the budget there, a slow spell,
+    told and counted as a slow turn is, and three replace it by the default."""
+    timer = FakeTimer()
+    slow = SlowPriority(timer, 0.9)
+    s = make_state(timer=timer, priority=slow)
+    told = []
+    for trial in range(6):  # one submit per turn, each one second later on the core's clock
+        told.append(failed(submit(s, {f"trial-{trial}": ()}, [f"trial-{trial}"])))
+    assert slow.calls == 6
+    assert [len(t) for t in told] == [0, 1, 0, 0, 0, 1]  # told once, then at the replacement
+    first = told[1][0]
+    assert (first.kind, first.policy, first.errors, first.replaced) == (
+        "priority",
+        "slow",
+        1,
+        False,
+    )
+    assert first.problem == (
+        "priority policy 'slow' took 1.8 s over 2 call(s) in 2 turns of the scheduler within "
+        "1.0 s (its budget: 1 s per turn, and per 4 s over turns); the scheduler is blocked "
+        "meanwhile"
+    )
+    last = told[5][0]
+    assert last.replaced and last.errors == 3
+    assert s.policies["priority"].name == "graph"
+    submit(s, {"after": ()}, ["after"])
+    assert slow.calls == 6  # never asked again
+
+
+def test_a_policy_asked_now_and_then_is_not_slow(make_state: Factory) -> None:
+    """0.9 s calls further apart than the span (4 s) are not summed together."""
+    timer = FakeTimer()
+    slow = SlowPriority(timer, 0.9)
+    s = make_state(timer=timer, priority=slow)
+    for trial in range(6):
+        submit(s, {f"trial-{trial}": ()}, [f"trial-{trial}"])
+        for _ in range(4):
+            run(s, event(Tick))  # four seconds pass on the core's clock
+    assert slow.calls == 6 and s.policy_errors == 0
