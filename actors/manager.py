@@ -29,7 +29,7 @@ from actors import transfer
 from actors.pools import check_fallback, pool_fallbacks
 from actors.scheduler_events import KeyDone, KeysReused, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
-from policies import policy_change_fields
+from policies import policies_toml, policy_change_fields, values_text
 from runtime.client_ids import client_name
 from runtime.errors import (
     ActorStopped,
@@ -355,6 +355,9 @@ class Manager(Actor):
         self._turn: anyio.Event | None = None
         #: the settings a manager process runs with (``SettingsAt``), for its status
         self.settings: SettingsAt = SettingsAt(())
+        #: per kind, the policy set at runtime (``set_policy``, the console) now in
+        #: force: its name and parameters (values), lost at a stop (:meth:`on_stop`)
+        self.policies_set: dict[str, tuple[str, dict[str, Any]]] = {}
 
     # -- submissions -----------------------------------------------------------------
 
@@ -919,7 +922,21 @@ class Manager(Actor):
         else:
             answer = await self._scheduler().ask(msg)
         self._policy_changed(msg)
+        self.policies_set[msg.kind] = (answer.name, dict(answer.params))
         return answer
+
+    async def on_stop(self) -> None:
+        """A manager process's stop: say which policies were set at runtime (they are
+        not kept: the next start has its ``--config``'s), with the ``[policies]`` table
+        that would keep them. An embedded cluster's own program sets its policies again."""
+        if self.policies_set and not self.sizing:
+            self.log.warning(
+                "policies set at runtime are lost at this stop",
+                policies={k: f"{n}({values_text(p)})" for k, (n, p) in self.policies_set.items()},
+                advice="to keep them, put in the manager's --config file: "
+                + policies_toml(self.policies_set)
+                + " (docs/policies.md#with-a-manager-process)",
+            )
 
     def _policy_changed(self, msg: SetPolicyRequest) -> None:
         """``policy changed``: a warning while other clients are connected, whose work

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import math
 import numbers
 import types
 from collections import deque
@@ -62,6 +64,7 @@ __all__ = [
     "param_values",
     "params_of",
     "params_text",
+    "policies_toml",
     "policy_change_fields",
     "register",
 ]
@@ -910,6 +913,41 @@ def params_text(params: Mapping[str, str] | None) -> str:
     """:func:`params_of`'s answer as the console and the dashboard show it:
     ``spare=2, lookahead=60`` (empty for a policy's defaults)."""
     return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    """``value`` (plain data, :func:`_plain`) as TOML; None, which TOML has not, as the
+    text ``"None"`` (a policy's None is mostly its default: leave it out)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    return json.dumps(value if isinstance(value, str) else repr(value))
+
+
+def policies_toml(policies: Mapping[str, tuple[str, Mapping[str, Any]]]) -> str:
+    """The ``[policies]`` table of a configuration file that starts with ``policies``
+    (per kind: its name and parameters, :func:`param_values`), as text."""
+    plain = [f"{kind} = {json.dumps(name)}" for kind, (name, params) in policies.items()
+             if not params]  # fmt: skip
+    lines = ["[policies]", *plain] if plain else []
+    for kind, (name, params) in policies.items():
+        if params:
+            lines += ["", f"[policies.{kind}]", f"name = {json.dumps(name)}"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in params.items()
+                      if v is not None]  # fmt: skip
+    return "\n".join(lines).lstrip("\n")
 
 
 def policy_change_fields(msg: SetPolicyRequest) -> dict[str, Any]:

@@ -146,9 +146,12 @@ class Cli:
             seen.append(line)
             yield line
 
-    def manager(self, *flags: str, log: str | None = None) -> tuple[subprocess.Popen[str], str]:
-        """A manager on a free port of 127.0.0.1; returns it and its address."""
-        proc = self.start("manager", "--listen", "127.0.0.1:0", *flags, log=log)
+    def manager(
+        self, *flags: str, log: str | None = None, port: int = 0
+    ) -> tuple[subprocess.Popen[str], str]:
+        """A manager on ``port`` of 127.0.0.1 (0: a free one); returns it and its
+        address."""
+        proc = self.start("manager", "--listen", f"127.0.0.1:{port}", *flags, log=log)
         line = self.line_with(proc, "manager listening on")
         return proc, line.split("manager listening on", 1)[1].strip()
 
