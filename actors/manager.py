@@ -86,6 +86,7 @@ from runtime.messages import (
     RunRequest,
     RunTargets,
     ScaleRequest,
+    ScalingSwapped,
     SetPolicyRequest,
     SettingsAt,
     StatusReply,
@@ -919,6 +920,7 @@ class Manager(Actor):
                     "an embedded Cluster has one with workers= or processes="
                 )
             answer = await autoscaler.ask(msg)
+            self._scheduler().post(ScalingSwapped(answer.name, dict(answer.params), msg.by))
         else:
             answer = await self._scheduler().ask(msg)
         self._policy_changed(msg)

@@ -65,6 +65,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    ScalingChanged,
     StoppedWithCluster,
     Suspended,
     TaskCheckpointed,
@@ -156,6 +157,7 @@ from runtime.messages import (
     ReplicasStatus,
     RunTargets,
     RunTasks,
+    ScalingSwapped,
     SetPolicyRequest,
     StatusRequest,
     Stop,
@@ -815,6 +817,12 @@ class Scheduler(Actor):
     def policy_note(self, msg: PolicyNote) -> None:
         """The autoscaler's scaling policy failed: a line in the cluster's story."""
         self._handle(PolicyNoted(*self._ev(), msg.problem))
+
+    @handles(ScalingSwapped)
+    def scaling_swapped(self, msg: ScalingSwapped) -> None:
+        """The autoscaler's scaling policy was swapped: a line in the cluster's story,
+        a record of the monitoring feed."""
+        self._handle(ScalingChanged(*self._ev(), msg.name, dict(msg.params), msg.by))
 
     @handles(WorkerDropped)
     def worker_dropped(self, msg: WorkerDropped) -> None:

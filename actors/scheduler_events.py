@@ -53,6 +53,7 @@ __all__ = [
     "ReplicasMissing",
     "Replicate",
     "RetireWorker",
+    "ScalingChanged",
     "StoppedWithCluster",
     "Suspended",
     "TaskCheckpointed",
@@ -292,6 +293,19 @@ class PolicyChanged(Event):
     kind: str
     policy: Any
     by: str = ""  #: the id of the client (or console) that asked ("": not said)
+    #: why the core replaced a policy on its own (a slow one): "" for a swap asked for
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScalingChanged(Event):
+    """The autoscaler's scaling policy was swapped (to ``name`` with ``params``, by
+    ``by``): a ``policy`` line in the cluster's story and a swap in the monitoring
+    feed, as the scheduler's own kinds' swaps are."""
+
+    name: str
+    params: dict[str, Any]
+    by: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

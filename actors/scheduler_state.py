@@ -200,6 +200,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import json
 import numbers
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -252,6 +253,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    ScalingChanged,
     StoppedWithCluster,
     Suspended,
     TaskCheckpointed,
@@ -311,7 +313,9 @@ from policies import (
     RetryPolicy,
     SpeculationPolicy,
     WalltimeLoss,
+    param_values,
     params_of,
+    values_text,
 )
 from policies.problems import PolicyProblems
 from policies.survival import Survival, kaplan_meier
@@ -921,6 +925,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._records = []
         if self._turn:
             self._end_turn()
+            if self._records:  # a slow policy replaced: its swap's record
+                self._feed_append()
+                self._records = []
         out, self._out = self._out, []
         return out
 
@@ -1017,7 +1024,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 )
                 problem += f". {why}: replaced by the default {kind} policy {DEFAULTS[kind]!r}"
                 slow.clear()
-                self._policy_changed(PolicyChanged(self._stimulus, self._now, kind, default))
+                self._policy_changed(
+                    PolicyChanged(self._stimulus, self._now, kind, default, why=f"slow: {why}")
+                )
             self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced)
 
     def _policy_error(self, kind: str, key: Key, problem: str, same: str) -> None:
@@ -1735,6 +1744,25 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _policy_noted(self, ev: PolicyNoted) -> None:
         self._log("-", "policy-error", ev.problem)
+
+    def _scaling_changed(self, ev: ScalingChanged) -> None:
+        self._swapped("scaling", ev.name, ev.params, ev.by, "")
+
+    def _swapped(self, kind: str, name: str, params: dict[str, Any], by: str, why: str) -> None:
+        """A policy swap: a ``policy`` line of the cluster's story (``-``), with its
+        parameters and who asked, or why the core replaced it on its own
+        (``priority:slow(delay=0.9) by console:eng``, ``priority:graph replaced (slow:
+        3 slow turns within 300 s)``), and a ``policy`` record of the monitoring feed:
+        ``(kind, name, its parameters as JSON, who asked, why)``."""
+        given = values_text(params)
+        who = client_name(by) if by else ""
+        line = f"{kind}:{name}" + (f"({given})" if given else "")
+        line += f" by {who}" if who else ""
+        line += f" replaced ({why})" if why else ""
+        self._log("-", "policy", line)
+        if self.feed_on:
+            text = json.dumps(params, sort_keys=True, default=repr)
+            self._records.append(("policy", kind, name, text, who, why))
 
     def _suspended(self, ev: Suspended) -> None:
         for wid in ev.workers:
@@ -2578,8 +2606,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.failing.pop(ev.kind, None)
         self._spent.pop(ev.kind, None)  # a new policy's time is summed afresh
         self._spent_sum.pop(ev.kind, None)
-        who = f" by {client_name(ev.by)}" if ev.by else ""
-        self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
+        name = str(getattr(ev.policy, "name", ev.policy))
+        self._swapped(ev.kind, name, param_values(ev.policy), ev.by, ev.why)
         if ev.kind == "placement":
             self._locality_hooks()
         if ev.kind == "replication":
@@ -6116,6 +6144,7 @@ _DISPATCH: dict[type, Any] = {
     StoppedWithCluster: SchedulerState._stopped_with_cluster,
     ClusterStops: SchedulerState._cluster_stops,
     PolicyNoted: SchedulerState._policy_noted,
+    ScalingChanged: SchedulerState._scaling_changed,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,
     OutputUnreadable: SchedulerState._output_unreadable,

@@ -428,6 +428,18 @@ class PolicyNote(Message):
     problem: str
 
 
+@message(local=True)
+class ScalingSwapped(Message):
+    """Manager -> scheduler: the autoscaler's scaling policy is now ``name`` with
+    ``params`` (values), set by ``by`` (a client's or console's id): a ``policy`` line
+    in the cluster's story and a row in the monitoring database, as the scheduler's own
+    policies' swaps."""
+
+    name: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    by: str = ""
+
+
 @message()
 class Leaving(Message):
     """Worker -> scheduler: I am about to go (``cause``: preempted, walltime, shutdown);

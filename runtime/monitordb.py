@@ -111,9 +111,11 @@ _log = get_logger("corral.monitoring")
 #: table ``checkpoints`` (each saved, each lost with every copy of it); 9:
 #: ``tasks.client`` (the name of the client that submitted the task); 10: the table
 #: ``moves`` (each waiting or queued task moved to another pool or priority)
-SCHEMA_VERSION = 10
+#: 11: the table ``policies`` (each policy swap: who, when, to what, or why the
+#: scheduler did it)
+SCHEMA_VERSION = 11
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9)
+UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
 #: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
 #: only when there: see runtime/report.py)
@@ -190,6 +192,10 @@ CREATE TABLE IF NOT EXISTS moves (
     run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, from_pool TEXT,
     to_pool TEXT, from_priority REAL, to_priority REAL
 );
+CREATE TABLE IF NOT EXISTS policies (
+    run_id TEXT NOT NULL, time REAL NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+    params TEXT, by TEXT, why TEXT
+);
 CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
 CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
@@ -255,6 +261,11 @@ UPDATE schema_version SET version = 9;
 _MOVES_V9_TO_V10 = """
 UPDATE schema_version SET version = 10;
 """
+#: a version 10 file gets the table ``policies`` (made by :data:`SCHEMA`, after the
+#: upgrade, in the same transaction: see _create)
+_POLICIES_V10_TO_V11 = """
+UPDATE schema_version SET version = 11;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
 _STEPS = (
     _WORKERS_V2_TO_V3,
@@ -265,6 +276,7 @@ _STEPS = (
     _CHECKPOINTS_V7_TO_V8,
     _CLIENT_V8_TO_V9,
     _MOVES_V9_TO_V10,
+    _POLICIES_V10_TO_V11,
 )  #: each version's step to the next, from version 2's on
 _UPGRADES = {v: "".join(_STEPS[v - 2 :]) for v in UPGRADED_VERSIONS}
 #: what an older database lacks, said when one is opened
@@ -291,6 +303,7 @@ PRUNED = {
     "blocks": "time", "resource_samples": "time", "transfers": "time",
     "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
     "actions": "time", "checkpoints": "time", "moves": "time",
+    "policies": "time",
 }  # fmt: skip
 PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
 PRUNE_PIECE = 50_000  #: rowids gone through per transaction (readers and the writer go between)
@@ -637,7 +650,8 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     (the caller makes it with the schema), with no row for its runs; from 8, its
     tasks get ``client``, empty in the rows they have; from 9, it gets the table
     ``moves`` (the caller makes it with the schema), with no row for its runs (their
-    moves were in the tasks' stories only)."""
+    moves were in the tasks' stories only); from 10, it gets the table ``policies`` (the
+    caller makes it with the schema), with no row for its runs."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -650,7 +664,7 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     _log.info(
         f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
         "try waits, tracebacks, released outputs, why tasks that did not run erred, "
-        "alert actions, retries, checkpoints, clients, task moves)",
+        "alert actions, retries, checkpoints, clients, task moves, policy swaps)",
         was=row[0],
     )
 
@@ -1129,6 +1143,7 @@ _RETRY = (
 )
 _CHECKPOINT = "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)"
 _MOVE = "INSERT INTO moves VALUES (?, ?, ?, ?, ?, ?, ?)"
+_POLICY = "INSERT INTO policies VALUES (?, ?, ?, ?, ?, ?, ?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
 #: seconds a stopping recorder gives its writer to write what the run queued (a fast
@@ -1555,6 +1570,10 @@ class MonitorRecorder(Actor):
                     _, key, seq, event, worker, work = rec
                     rows.add("event", _CHECKPOINT, (run, at, _safe(str(key)), seq, event,
                                                     worker, work))  # fmt: skip
+                elif kind == "policy":  # a swap: asked for (by), or the scheduler's (why)
+                    _, pkind, name, params, by, why = rec
+                    rows.add("event", _POLICY, (run, at, pkind, name, params, by or None,
+                                                why or None))  # fmt: skip
                 elif kind == "recovery":
                     _, key, category, worker, how = rec
                     rows.add("event", _RECOVERY, (run, at, _safe(str(key)), _safe(category),

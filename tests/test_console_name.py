@@ -63,11 +63,11 @@ def test_a_policy_set_from_a_console_names_its_operator_in_the_story_and_the_log
         code, out, err = _console(capsys, address, "story", "-", "--json")
         assert (code, err) == (0, ""), err
         assert [entry[:3] for entry in json.loads(out)["transitions"]] == [
-            ["-", "policy", "retry:default by console:alice"],
+            ["-", "policy", "retry:default(max_lost=2) by console:alice"],
             ["-", "policy", "placement:round-robin by console:bob"],
         ]
         code, out, err = _console(capsys, address, "--name", "carol", "story", "-")
-        assert code == 0 and "retry:default by console:alice" in out, out + err
+        assert code == 0 and "retry:default(max_lost=2) by console:alice" in out, out + err
 
         # a name a client could not have: one line saying what to do, exit 1, and
         # nothing reaches the manager

@@ -108,7 +108,9 @@ def test_repeated_slow_turns_are_told_once_then_the_default_policy_replaces_it(
         ". 3 slow turns within 300 s: replaced by the default priority policy 'graph'"
     )
     assert s.policies["priority"].name == "graph"
-    assert any(e[2] == "priority:graph" for e in s.story("-"))
+    assert [e[2] for e in s.story("-")] == [
+        "priority:graph replaced (slow: 3 slow turns within 300 s)"
+    ]
     keys = ["after"]
     submit(s, dict.fromkeys(keys, ()), keys)
     assert slow.calls == 9  # never asked again

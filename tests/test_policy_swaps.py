@@ -6,13 +6,14 @@ keeps of the policy in force now. Pure cores fed events; a hosted manager on
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 import policies
-from actors.scheduler_events import PolicyChanged
+from actors.scheduler_events import PolicyChanged, ScalingChanged
 from policies import REGISTRY, PoolView, param_values
 from policies.priority import GraphPriority
 from policies.scaling import PoolLimits
@@ -126,3 +127,61 @@ def test_policy_info_gives_the_parameters_as_values() -> None:
     odd = GraphPriority()
     odd.params = {"rank": ("a", 1, [None, 2.5], {"k": "v"}), "key": Mine}  # type: ignore[attr-defined]
     assert param_values(odd) == {"key": repr(Mine), "rank": ("a", 1, [None, 2.5], {"k": "v"})}
+
+
+def test_a_swap_is_a_story_line_with_its_parameters_and_a_feed_record(
+    make_state: Factory,
+) -> None:
+    """Before: ``priority:slow by console:eng`` twice for ``delay=0.3`` then ``0.9``, no
+    line for a scaling swap, and nothing in the monitoring database."""
+    s = make_state()
+    s.feed_on = True
+    retry = REGISTRY.create("retry", "default", {"max_lost": 2})
+    run(s, event(PolicyChanged, kind="retry", policy=retry, by="console:eng"))
+    run(s, event(ScalingChanged, name="queue", params={"maximum": 3}, by="console:eng"))
+    run(s, event(PolicyChanged, kind="priority", policy=GraphPriority(), why="slow: test"))
+    assert [e[1:3] for e in s.story("-")] == [
+        ("policy", "retry:default(max_lost=2) by console:eng"),
+        ("policy", "scaling:queue(maximum=3) by console:eng"),
+        ("policy", "priority:graph replaced (slow: test)"),
+    ]
+    records = [r for _, rs in s.feed for r in rs if r[0] == "policy"]
+    assert records == [
+        ("policy", "retry", "default", '{"max_lost": 2}', "console:eng", ""),
+        ("policy", "scaling", "queue", '{"maximum": 3}', "console:eng", ""),
+        ("policy", "priority", "graph", "{}", "", "slow: test"),
+    ]
+
+
+@pytest.mark.anyio
+async def test_every_swap_is_a_row_of_the_monitoring_database(tmp_path: Path) -> None:
+    db = tmp_path / "mon.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            workers=1, monitoring=db, monitoring_interval=0.1, name="eng"
+        ) as cluster:
+            await cluster.set_policy("priority", "long-first")
+            await cluster.set_policy("scaling", "queue", maximum=3)
+            await cluster.set_policy("placement", "locality", min_duration=0.5)
+            await wait_until(lambda: len(_policy_rows(db)) == 3, "3 rows", limit=LIMIT / 2)
+    assert _policy_rows(db) == [
+        ("priority", "long-first", "{}", "eng", None),
+        ("scaling", "queue", '{"maximum": 3}', "eng", None),
+        ("placement", "locality", '{"min_duration": 0.5}', "eng", None),
+    ]
+
+
+def _policy_rows(db: Path) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT kind, name, params, by, why FROM policies ORDER BY time, rowid"
+        ).fetchall()
+    except sqlite3.OperationalError:  # not made yet
+        return []
+    finally:
+        conn.close()
