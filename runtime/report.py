@@ -134,6 +134,8 @@ PREEMPTION = frozenset({"preempted", "walltime"})
 #: the report's table of the alert actions (the remediation audit), after the alerts
 ACTIONS_TITLE = "Alert actions"
 MAX_ACTIONS = 500  #: alert actions listed and drawn at most (the latest ones)
+#: the report's table of the policy swaps, after the alert actions
+POLICIES_TITLE = "Policy swaps"
 #: how the alerts plot marks each kind of alert action (``actions.action``)
 _ACTION_MARK = {
     "scale-out": ("triangle-up", "#1f77b4"), "restore": ("triangle-down", "#2ca02c"),
@@ -576,6 +578,7 @@ class _Run:
                 f"FROM alerts WHERE run_id = ?{self._before()} ORDER BY time", "alert changes",
             )  # fmt: skip
             step(self._read_actions, "alert actions")
+            step(self._read_policies, "policy swaps")
             self.gaps = q(
                 f"SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?{self._during('time')}",
                 rid,
@@ -645,6 +648,21 @@ class _Run:
             f"{where} ORDER BY time DESC, rowid DESC LIMIT {MAX_ACTIONS}", rid,
         ).fetchall()  # fmt: skip
         self.actions = latest[::-1]
+        return len(latest)
+
+    def _read_policies(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The policy swaps (the ``policies`` table, schema version 10) in the window,
+        the latest :data:`MAX_ACTIONS` of them, oldest first: None for a file that has no
+        such table (an older Corral wrote it)."""
+        self.policies: list[tuple[Any, ...]] | None = None
+        if not _columns(conn, "policies"):
+            return 0
+        latest = conn.execute(
+            "SELECT time, kind, name, params, by, why FROM policies WHERE run_id = ?"
+            f"{self._during('time')} ORDER BY time DESC, rowid DESC LIMIT {MAX_ACTIONS}",
+            rid,
+        ).fetchall()
+        self.policies = latest[::-1]
         return len(latest)
 
     def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -1420,6 +1438,30 @@ def _actions_table(run: _Run) -> str:
     )  # fmt: skip
 
 
+def _policies_table(run: _Run) -> str:
+    """The table of the policy swaps (who set which policy when, or why the scheduler
+    replaced a slow one), oldest first, after the alert actions; nothing when the run
+    had none."""
+    e = html.escape
+    if not run.policies:
+        return ""
+    rows = []
+    for at, kind, name, params, by, why in run.policies:
+        given = ", ".join(f"{k}={v!r}" for k, v in sorted(json.loads(params or "{}").items()))
+        rows.append(
+            f"<tr class=policy><td>{e(_utc(at))}</td><td>{at - run.t0:.1f}</td>"
+            f"<td>{e(kind)}</td><td>{e(name)}</td><td>{e(given)}</td>"
+            f"<td>{e(by or '')}</td><td>{e(why or '')}</td></tr>"
+        )
+    return (
+        f"<h2>{e(POLICIES_TITLE)}</h2><p>Each policy set while the run went (the "
+        "monitoring database's <code>policies</code>): the tasks after a swap ran under "
+        "the new policy.</p><table class=policies><tr><th>time (UTC)</th><th>s</th>"
+        "<th>kind</th><th>policy</th><th>parameters</th><th>by</th><th>why</th></tr>"
+        + "".join(rows) + "</table>"
+    )  # fmt: skip
+
+
 def _summary(run: _Run) -> str:
     # Lost unasked: left for any reason but on purpose (drained, walltime, shutdown),
     # per life (a worker requeued under its id may be lost again).
@@ -1762,6 +1804,7 @@ def build_report(
                                  config={"displaylogo": False}))  # fmt: skip
         if make is _alerts_figure:
             parts.append(_actions_table(run))
+            parts.append(_policies_table(run))
         first = False
     title = f"Corral run {run.id}"
     if run.window is not None:

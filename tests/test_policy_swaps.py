@@ -20,6 +20,7 @@ from policies.scaling import PoolLimits
 from runtime.client import Cluster, _policies_left_news
 from runtime.console import ConsoleClient
 from runtime.messages import PolicyInfo
+from runtime.report import build_report
 from tests.helpers import Factory, event, log_lines, make_state, run, submit, wait_until
 from tests.test_console import hosted
 
@@ -169,6 +170,10 @@ async def test_every_swap_is_a_row_of_the_monitoring_database(tmp_path: Path) ->
         ("scaling", "queue", '{"maximum": 3}', "eng", None),
         ("placement", "locality", '{"min_duration": 0.5}', "eng", None),
     ]
+    # and the report lists them
+    page = build_report(db)
+    assert "<h2>Policy swaps</h2>" in page
+    assert "<td>scaling</td><td>queue</td><td>maximum=3</td><td>eng</td>" in page
 
 
 def _policy_rows(db: Path) -> list[tuple[Any, ...]]:
