@@ -235,6 +235,8 @@ CATALOGUES = {
     "00a4c9616b4200300203c84d2bd3c8ee7265aab104aeaa865a8365708325368a": 1,
     # ForgetWork, a worker process's own message to its worker actor: it never crosses
     "11f49b158ab42ec7f9ec510a6097ba51f12eeaa80a9191e5a88840ed870916d1": 1,
+    # PolicyInfo.params as values, the swaps' records: before version 1 was released
+    "78157f1ded0ad726f9eeb667ff3528cf4c5f49085dd32391234e6f8b38a521f4": 1,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
