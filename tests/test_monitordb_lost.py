@@ -24,7 +24,7 @@ from policies import REGISTRY
 from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, open_db
 from runtime.report import FAILURES_TITLE, FREE_TITLE, _Run, build_report, list_runs
 from tests.helpers import GB, Factory, assigned, make_state, result, specs_for
-from tests.test_monitordb import LIMIT, T0, TO_VERSION_7, WALL, _at, _recorder, _rows
+from tests.test_monitordb import LIMIT, T0, TO_VERSION_7, WALL, _at, _doc_sql, _recorder, _rows
 from tests.test_report import _one_run_db
 
 __all__ = ["make_state"]
@@ -341,6 +341,32 @@ def test_free_retries_after_a_preemption_are_not_failures(tmp_path: Path, versio
     assert "<td class=count>2 x</td><td>deep</td><td>preempted</td><td>2</td><td>2</td>" in free
     (listed,) = list_runs(db)
     assert listed.failed_tries == 1 + charged
+
+
+def test_the_documented_failures_by_cause_add_up_to_the_report_s_failed_tries(
+    tmp_path: Path,
+) -> None:
+    """A user audit (analyst, 3): docs/monitoring.md's "Failures by cause" counted the
+    tries preempted and retried free (and the cancelled ones) as failures: 19 failed
+    tries where the report and ``report --list`` said 17. Now its rows (but the tasks
+    not run) add up to the report's failed tries: here the charged and the final
+    preempted tries, and one error; not the two free retries nor a cancelled try."""
+    db = tmp_path / "monitoring.db"
+    _preempted_run(db)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome, cause, error_type) VALUES ('run-1', ?, 1, ?, 'ckpt-2', 1, 2, 3, ?, ?, ?)",
+            [("bad-0", "bad", "error", "ValueError", "ValueError"),
+             ("slow-0", "slow", "cancelled", "cancelled", None)],
+        )  # fmt: skip
+    conn.close()
+    why = _rows(db, _doc_sql("Failures by cause"))
+    failed = [("bad", "error", "ValueError", 1), ("img", "worker-lost", "preempted", 2)]
+    assert sorted(why) == failed
+    (listed,) = list_runs(db)
+    assert listed.failed_tries == 3 == sum(n for *_, n in why)
 
 
 def test_a_try_lost_to_a_crash_and_retried_free_is_not_denied_in_the_free_section(
