@@ -729,8 +729,13 @@ class _Run:
             "ORDER BY 4 DESC, MAX(ended IS NULL) DESC, MIN(ended)", rid,
         ).fetchall()  # fmt: skip
         self.tries: int = sum(n for *_, n in groups)
-        #: failed tries by outcome and cause (a free retry after a lost worker is not one)
-        self.failures = [(o, c, n) for o, c, free, n in groups if o != "ok" and not free]
+        #: failed tries by outcome and cause (a free retry after a lost worker is not
+        #: one, nor a cancelled try: as ``report --list`` and "Why tasks failed")
+        self.failures = [
+            (o, c, n) for o, c, free, n in groups if o not in ("ok", "cancelled") and not free
+        ]
+        #: cancelled tries by cause (``cancelled``: a user's; ``unneeded``, ...)
+        self.cancelled = [(c, n) for o, c, _, n in groups if o == "cancelled"]
         #: tries lost with their worker and retried free, by cause
         self.free_lost = [(c, n) for o, c, free, n in groups if free]
         #: past EACH_TRY_UP_TO tries, the timeline's merged bars (_merge_bars) of the
@@ -1493,6 +1498,7 @@ def _summary(run: _Run) -> str:
     return (
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
         + _counts(("failed tries: outcome", "cause", "n"), run.failures)
+        + _counts(("cancelled tries (not failures): cause", "n"), run.cancelled)
         + _counts(("tries lost with their worker, retried free: cause", "n"), run.free_lost)
         + _counts(("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
                   [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits])

@@ -367,6 +367,12 @@ def test_the_documented_failures_by_cause_add_up_to_the_report_s_failed_tries(
     assert sorted(why) == failed
     (listed,) = list_runs(db)
     assert listed.failed_tries == 3 == sum(n for *_, n in why)
+    read = open_db(db)
+    try:
+        run = _Run(read, None, lambda line: None)
+    finally:
+        read.close()
+    assert sum(n for *_, n in run.failures) == 3  # (the cancelled try not counted)
 
 
 def test_a_try_lost_to_a_crash_and_retried_free_is_not_denied_in_the_free_section(

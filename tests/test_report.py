@@ -20,7 +20,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import MonitorWriter, open_db
-from runtime.report import SECTIONS, _cdf, _Run, _timeline, build_report
+from runtime.report import SECTIONS, _cdf, _Run, _timeline, build_report, list_runs
 from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -460,3 +460,35 @@ def test_alert_bands_are_the_shapes_and_labels_add_vrect_draws(
         "a", "b", "QueueSlow firing", "QueueSlow firing", "CIQueueTime firing",
         "CIQueueTime firing",
     ]  # fmt: skip
+
+
+def test_cancelled_tries_are_not_failed_tries_in_the_summary(tmp_path: Path) -> None:
+    """A user audit (analyst, 4): a run whose two tries a user cancelled while they ran,
+    nothing failed: ``report --list`` said 0 failed tries, the report's summary listed
+    the two under "failed tries". Now the summary's failed tries are none, as the list
+    says, and the cancelled tries have a table of their own, by cause."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 60.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome, cause) VALUES ('run-1', ?, 1, ?, 'w1', ?, ?, ?, ?, ?)",
+            [("slow-0", "slow", t0, None, t0 + 7, "cancelled", "cancelled"),
+             ("slow-1", "slow", t0, None, t0 + 7, "cancelled", "cancelled"),
+             ("ok-0", "ok", t0, t0, t0 + 1, "ok", None)],
+        )  # fmt: skip
+    conn.close()
+    (listed,) = list_runs(db)
+    assert listed.failed_tries == 0
+    read = open_db(db)
+    try:
+        run = _Run(read, None, lambda line: None)
+    finally:
+        read.close()
+    assert (run.failures, run.cancelled) == ([], [("cancelled", 2)])
+    page = build_report(db)
+    assert (
+        "<th>failed tries: outcome</th><th>cause</th><th>n</th></tr><tr><td colspan=3>none" in page
+    )
+    cancelled = "<th>cancelled tries (not failures): cause</th><th>n</th></tr>"
+    assert cancelled + "<tr><td>cancelled</td><td>2</td></tr></table>" in page
