@@ -41,6 +41,7 @@ from runtime.messages import (
     FailureGroupInfo,
     MetricsReply,
     StatusReply,
+    WorkerDiskMetrics,
     WorkerMemoryReport,
 )
 from runtime.metrics import READ_ROLES
@@ -86,7 +87,11 @@ def _pool_label(name: str) -> str:
 
 
 def _worker(
-    info: Any, running: int, report: WorkerMemoryReport | None, status: StatusReply
+    info: Any,
+    running: int,
+    report: WorkerMemoryReport | None,
+    status: StatusReply,
+    disk: WorkerDiskMetrics | None = None,
 ) -> dict[str, Any]:
     rss = report.rss if report is not None else status.rss.get(info.worker_id, 0)
     on_disk, files = (report.spilled_bytes, report.file_bytes) if report else (0, 0)
@@ -99,16 +104,25 @@ def _worker(
         "spilled_bytes": on_disk - files,  # spill files only
         "file_bytes": files,  # file outputs held
         "spilled_total": report.spilled_total if report is not None else 0,
-        **_disk(info, report),
+        **_disk(info, report, disk),
         "throttled": info.worker_id in status.throttled,
         "draining": info.worker_id in status.draining,
     }  # fmt: skip
 
 
-def _disk(info: Any, report: WorkerMemoryReport | None) -> dict[str, Any]:
+def _disk(
+    info: Any, report: WorkerMemoryReport | None, disk: WorkerDiskMetrics | None
+) -> dict[str, Any]:
     """A worker's disk as the page shows it: ``disk_used`` (every byte on it: outputs,
-    checkpoint files, copies under way) and ``disk_limit``, used plus free (None: not
-    counted, ``--disk off``); before its first report, its ``--disk`` and nothing used."""
+    checkpoint files, copies under way) and ``disk_limit`` (None: not counted, ``--disk
+    off``). From the scheduler's figures (``disk``, the ``corral_worker_disk_*``
+    metrics): a worker without ``--disk`` on a file system it shares with others has
+    its share, as placement counts it, not the whole file system its report measures.
+    Without those, from its report (used plus free); before its first report, its
+    ``--disk`` and nothing used."""
+    if disk is not None:
+        limit = disk.disk or (None if disk.free is None else disk.used + disk.free)
+        return {"disk_used": disk.used, "disk_free": disk.free, "disk_limit": limit}
     if report is None:
         return {"disk_used": 0, "disk_free": info.disk or None, "disk_limit": info.disk or None}
     free = report.disk_free
@@ -127,7 +141,13 @@ def build_snapshot(
     """What the page shows, as JSON-ready data, from one answer of each kind (``now``:
     the wall-clock time of the snapshot)."""
     workers = [
-        _worker(w, status.processing.get(w.worker_id, 0), status.memory.get(w.worker_id), status)
+        _worker(
+            w,
+            status.processing.get(w.worker_id, 0),
+            status.memory.get(w.worker_id),
+            status,
+            metrics.disks.get(w.worker_id),
+        )
         for w in sorted(status.workers, key=lambda w: (w.pool, w.worker_id))
     ]
     names = set(metrics.pools) | set(metrics.blocks) | {w["pool"] for w in workers}
