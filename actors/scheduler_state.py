@@ -1196,7 +1196,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         and, while a monitoring database reads the feed, as a feed record; ``failure``:
         the cause a failed try is counted under (:meth:`_failed_try`), when it is not
         the record's own; ``began``: for a try lost with its worker, when it began
-        executing there (:meth:`_began`), the feed's ``start``. The feed gets ``error``
+        executing there (:meth:`_began`), and for a try cancelled while it executed,
+        when its worker said it began (``TasksRunning``): the feed's ``start`` (None:
+        not known to have begun). The feed gets ``error``
         as an :class:`ErrorRecord`, made now: the exception's frames, as a failure
         group keeps them (an embedded cluster's client raises the very exception later,
         adding its own frames to it). Returns that record (None: none made), for
@@ -1207,7 +1209,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if not self.feed_on:
             return None
         record = error_record(error) if error is not None else None
-        start = began if rec.outcome == "worker-lost" else rec.start
+        start = began if rec.outcome in ("worker-lost", "cancelled") else rec.start
         # (its try's, not a speculative copy's: the copy ends while its try runs)
         resumed = ts.resumed if ts.worker in (None, rec.worker) else None
         unsaved = None
@@ -3695,6 +3697,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ts.worker = None
         ws = self.workers.get(wid) if wid is not None else None
         if ws is not None:
+            began = ws.began.get(ts)  # when it began executing there, as the worker said
             self._release_slot(ts, ws)
             if cancel:
                 self._cancel_on(ws, ts)
@@ -3702,7 +3705,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     rec = TryRecord(
                         str(ts.key), ws.id, ts.sent, self._now, "cancelled", cause, ts.queued
                     )
-                    self._tried(ts, rec, None)
+                    self._tried(ts, rec, None, began=began)
 
     def _output_lost(self, ts: TaskState, wid: str) -> None:
         """The last replica of ``ts``'s output is gone (last held by ``wid``)."""

@@ -1498,7 +1498,7 @@ class MonitorRecorder(Actor):
                     k = _safe(str(key))
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, began, ended
-                        start = None if start is None or outcome != "worker-lost" else start + wall
+                        start = None if start is None else start + wall
                         # A worker lost after its connection dropped: ended at the drop.
                         stop = stop + wall if outcome == "worker-lost" else at
                     ok = outcome == "ok"

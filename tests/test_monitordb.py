@@ -23,6 +23,7 @@ import anyio
 import pytest
 
 from actors.scheduler_events import (
+    CancelRequested,
     Event,
     FilesReleased,
     GraphSubmitted,
@@ -1237,6 +1238,34 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
         # started, ended: result(); a copy did not wait: no queued
         ("w2", "ok", "speculative", WALL + T0 + 2.1, T0 + 2, T0 + 3, None),
     ]
+
+
+@pytest.mark.anyio
+async def test_a_try_cancelled_while_it_executed_keeps_when_it_began(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit (analyst, 7): two tasks a user cancelled after they had run about
+    7 s had no ``started`` (their worker had said they executed), so the docs' "busiest
+    workers" query left their time out. Now a try cancelled while it executed keeps
+    when its worker said it began; one its worker had not said it began has none."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    _at(s, WorkerJoined, T0, worker="w1", cores=2, memory=GB)
+    specs = specs_for(s, {"slow-0": [], "slow-1": []}, ["slow-0", "slow-1"])
+    _at(s, GraphSubmitted, T0 + 1, specs=specs, wanted=("slow-0", "slow-1"))
+    assert {s.tasks[k].worker for k in ("slow-0", "slow-1")} == {"w1"}
+    _at(s, TasksRunning, T0 + 1.5, worker="w1", started=(("slow-0", 0, 0.5),))
+    _at(s, CancelRequested, T0 + 8, keys=("slow-0", "slow-1"))
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    tries = _rows(db, "SELECT key, outcome, cause, sent, started, ended FROM tries ORDER BY key")
+    assert tries == [
+        ("slow-0", "cancelled", "cancelled", WALL + T0 + 1, WALL + T0 + 1, WALL + T0 + 8),
+        ("slow-1", "cancelled", "cancelled", WALL + T0 + 1, None, WALL + T0 + 8),
+    ]
+    assert _rows(db, _doc_sql("The busiest workers")) == [("w1", 1, 7.0)]
 
 
 @pytest.mark.anyio
