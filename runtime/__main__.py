@@ -880,15 +880,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _monitoring_path(args: argparse.Namespace) -> Any:
-    """The monitoring database of a demo or manager: ``--monitoring PATH``, none with
-    ``--no-monitoring``, else a new run directory."""
+    """The monitoring database of a demo or manager: ``--monitoring PATH`` (made
+    absolute: the report command printed with it works from any directory, also for a
+    manager started elsewhere, under systemd), none with ``--no-monitoring``, else a new
+    run directory."""
     if args.no_monitoring:
         return None
     from pathlib import Path
 
     from runtime.monitordb import default_path
 
-    return Path(args.monitoring) if args.monitoring else default_path()
+    return Path(args.monitoring).absolute() if args.monitoring else default_path()
 
 
 def _cmd_manager(args: argparse.Namespace) -> int:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.__main__ import COMMANDS, main
+from tests.helpers import Cli, free_port_between
 
 
 @pytest.mark.parametrize(
@@ -174,3 +176,23 @@ def test_dash_dash_version_prints_the_versions(before: list[str]) -> None:
     done = _cli(*before, "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout == _cli("version").stdout and done.stdout.startswith("corral "), done
+
+
+@pytest.mark.timeout(60)
+def test_a_relative_monitoring_path_is_printed_absolute(tmp_path: Path) -> None:
+    """A user audit (analyst, 8): ``manager --monitoring rel.db`` printed ``report:
+    python -m runtime report rel.db -o report.html``, a command that works only in the
+    manager's directory. Now the database's path and its report command are absolute
+    (the manager's directory joined with the path given)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with Cli(tmp_path / "home", cwd=work) as cli:
+        port = free_port_between(63000, 63999)
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--monitoring", "rel.db")
+        seen: list[str] = []
+        cli.line_with(manager, "manager listening on", seen=seen)
+    db = work / "rel.db"
+    assert f"monitoring database: {db}\n" in seen, seen
+    (report,) = [ln for ln in seen if ln.startswith("  report: ")]
+    assert report.endswith(f" report {db} -o report.html\n"), report
+    assert db.is_file()
