@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -307,6 +307,73 @@ def _run_end(info: dict[str, Any]) -> float:
     return float(info["ended"] or info["last_seen"] or info["started"])
 
 
+@dataclass
+class WorkerTime:
+    """A pool's worker time in a run (or a window of it), in seconds: ``alive``, its
+    workers' lives times their cores (what a batch system bills: core-seconds paid
+    for); ``executing``, its tries' time from when they began executing to their end
+    (``tries.ended - started``, each try one core); of that, ``failed``, in the tries
+    that failed (every outcome but ``ok`` and ``cancelled``, not the free retries after
+    a benign loss: the report's "failed tries")."""
+
+    alive: float = 0.0
+    executing: float = 0.0
+    failed: float = 0.0
+
+    @property
+    def busy(self) -> float | None:
+        """``executing`` over ``alive`` (None: no worker time)."""
+        return self.executing / self.alive if self.alive > 0 else None
+
+
+def _worker_time(
+    conn: sqlite3.Connection, run_id: str | None = None, span: tuple[float, float] | None = None
+) -> tuple[dict[str, dict[str, WorkerTime]], list[tuple[str, str, str, int, float]]]:
+    """Worker time by run and pool (:class:`WorkerTime`), from the ``workers`` and
+    ``tries`` tables, and the tries that did not end ok by run, outcome and what they
+    are (``failed``, ``cancelled``, ``retried free``): how many, their seconds
+    executing. ``run_id``: that run only; ``span`` (Unix seconds): only what falls in
+    it, lives and tries cut to it. A life still going counts to the run's end or its
+    latest write; a worker of no ``cores`` (an older file) counts one."""
+    runs = " AND run_id = ?" if run_id is not None else ""
+    args = (run_id,) if run_id is not None else ()
+    lo, hi = (repr(span[0]), repr(span[1])) if span is not None else ("joined", "1e18")
+    end = 'COALESCE("left", (SELECT COALESCE(r.ended, r.last_seen, r.started) FROM runs r ' \
+        "WHERE r.run_id = workers.run_id))"  # fmt: skip
+    times: dict[str, dict[str, WorkerTime]] = defaultdict(lambda: defaultdict(WorkerTime))
+    for rid, pool, alive in conn.execute(
+        f"SELECT run_id, COALESCE(pool, '?'), SUM(MAX(0, MIN({end}, {hi}) - MAX(joined, {lo})) "
+        f"* COALESCE(cores, 1)) FROM workers WHERE joined IS NOT NULL{runs} GROUP BY 1, 2",
+        args,
+    ):  # fmt: skip
+        times[rid][pool].alive = alive or 0.0
+    lo, hi = (repr(span[0]), repr(span[1])) if span is not None else ("started", "ended")
+    kind = (
+        f"CASE WHEN outcome = 'ok' THEN 'ok' WHEN outcome = 'cancelled' THEN 'cancelled' "
+        f"WHEN {_free_lost(conn)} THEN 'retried free' ELSE 'failed' END"
+    )
+    lost: list[tuple[str, str, str, int, float]] = []
+    for rid, pool, outcome, what, n, ran in conn.execute(
+        "SELECT run_id, COALESCE((SELECT pool FROM workers w WHERE w.run_id = tries.run_id "
+        "AND w.worker = tries.worker LIMIT 1), '?'), outcome, " + kind + ", COUNT(*), "
+        f"SUM(MAX(0, MIN(ended, {hi}) - MAX(started, {lo}))) FROM tries WHERE started IS NOT "
+        f"NULL AND ended IS NOT NULL{runs} GROUP BY 1, 2, 3, 4 ORDER BY 6 DESC",
+        args,
+    ):  # fmt: skip
+        t = times[rid][pool]
+        t.executing += ran or 0.0
+        if what == "failed":
+            t.failed += ran or 0.0
+        if what != "ok":
+            lost.append((rid, outcome, what, n, ran or 0.0))
+    return times, lost
+
+
+def _hours(seconds: float) -> str:
+    """Seconds as hours, to 4 significant digits (``0.0825``, ``168``)."""
+    return f"{seconds / 3600:.4g}"
+
+
 def _spans(runs: Iterable[dict[str, Any]]) -> str:
     """The runs as an error lists them: each id with its span (UTC)."""
     return (
@@ -557,6 +624,7 @@ class _Run:
             step(self._read_failures, "failure groups")
             step(self._read_lost, "tries lost with their worker")
             step(self._read_free, "groups of free retries")
+            step(self._read_worker_time, "worker time")
             self.workers = rows(
                 "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?"
                 + self._during(*_WORKER_SPAN), "workers",
@@ -800,6 +868,22 @@ class _Run:
                 set(names), gap, self.t0,
             )  # fmt: skip
         return self.tries
+
+    def _read_worker_time(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The worker time per pool (:func:`_worker_time`; in a window, cut to it), and
+        the time in the tries that did not end ok, by outcome. Returns the pools."""
+        times, lost = _worker_time(conn, self.id, self.window)
+        #: pool -> its worker time (alive, executing, in failed tries)
+        self.worker_time: dict[str, WorkerTime] = dict(sorted(times.get(self.id, {}).items()))
+        #: (outcome, what it was: failed, cancelled or retried free, tries, seconds)
+        merged: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+        for _, outcome, what, n, ran in lost:
+            merged[(outcome, what)][0] += n
+            merged[(outcome, what)][1] += ran
+        self.time_lost = sorted(
+            ((o, w, int(n), ran) for (o, w), (n, ran) in merged.items()), key=lambda r: -r[3]
+        )
+        return len(self.worker_time)
 
     def _read_free(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The tries lost with their worker and retried free (:func:`_free_lost`), by
@@ -1499,6 +1583,10 @@ def _summary(run: _Run) -> str:
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
         + _counts(("failed tries: outcome", "cause", "n"), run.failures)
         + _counts(("cancelled tries (not failures): cause", "n"), run.cancelled)
+        + _counts(("worker time: pool", "core-h alive", "h executing", "busy",
+                   "h in failed tries"), _worker_time_rows(run))
+        + _counts(("time in tries not ended ok: outcome", "what", "tries", "h executing"),
+                  [(o, w, n, _hours(ran)) for o, w, n, ran in run.time_lost])
         + _counts(("tries lost with their worker, retried free: cause", "n"), run.free_lost)
         + _counts(("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
                   [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits])
@@ -1618,6 +1706,16 @@ def _block_ends(run: _Run) -> list[tuple[str, str, int]]:
         if state not in _BLOCK_LIVE and run.in_window(at):
             n[(state, cause or "-")] += 1
     return [(state, cause, k) for (state, cause), k in sorted(n.items(), key=lambda r: -r[1])]
+
+
+def _worker_time_rows(run: _Run) -> list[tuple[str, str, str, str, str]]:
+    """The worker time per pool (:attr:`_Run.worker_time`) as the summary shows it, in
+    hours, with the busy share (executing over alive)."""
+    return [
+        (pool, _hours(t.alive), _hours(t.executing),
+         "-" if t.busy is None else f"{t.busy:.0%}", _hours(t.failed))
+        for pool, t in run.worker_time.items()
+    ]  # fmt: skip
 
 
 def _lives(run: _Run) -> list[tuple[str, str, int, str, str, str]]:
@@ -1971,7 +2069,9 @@ class RunListing:
     started it (``host``, ``pid``, ``command``: the command line of the manager or of
     the program that embedded the cluster), when (Unix seconds; ``ended`` None: still
     running, or it crashed, ``last_seen`` its latest write), its tasks, those that
-    erred, its failed tries (every outcome but ``ok`` and ``cancelled``) and workers."""
+    erred, its failed tries (every outcome but ``ok`` and ``cancelled``), workers and
+    their time (:class:`WorkerTime`: ``alive``, core-seconds of their lives, and
+    ``executing``, seconds of its tries' execution, over every pool)."""
 
     run_id: str
     host: str
@@ -1984,6 +2084,7 @@ class RunListing:
     erred: int
     failed_tries: int
     workers: int
+    worker_time: WorkerTime = field(default_factory=WorkerTime)
 
     @property
     def duration(self) -> float:
@@ -2007,6 +2108,7 @@ def list_runs(db: str | os.PathLike[str]) -> list[RunListing]:
         workers = dict(
             conn.execute("SELECT run_id, COUNT(DISTINCT worker) FROM workers GROUP BY run_id")
         )
+        times, _ = _worker_time(conn)
         conn.execute("ROLLBACK")
     finally:
         conn.close()
@@ -2018,6 +2120,11 @@ def list_runs(db: str | os.PathLike[str]) -> list[RunListing]:
             started=r["started"], ended=r["ended"], last_seen=r["last_seen"], tasks=n,
             erred=erred or 0, failed_tries=failed.get(r["run_id"], 0),
             workers=workers.get(r["run_id"], 0),
+            worker_time=WorkerTime(
+                sum(t.alive for t in times.get(r["run_id"], {}).values()),
+                sum(t.executing for t in times.get(r["run_id"], {}).values()),
+                sum(t.failed for t in times.get(r["run_id"], {}).values()),
+            ),
         )  # fmt: skip
         listed.append(one)
     return listed
@@ -2037,13 +2144,15 @@ def _command(argv: str | None) -> str:
 def format_runs(runs: list[RunListing]) -> str:
     """The table ``report --list`` prints: a line per run, times in UTC."""
     head = ("run", "started (UTC)", "ended (UTC)", "duration", "tasks", "erred",
-            "failed tries", "workers", "host/pid", "command")  # fmt: skip
+            "failed tries", "workers", "core-h alive", "busy", "host/pid", "command")  # fmt: skip
     lines = [head]
     for r in runs:
         end = _utc(r.ended) if r.ended else "- (running or crashed)"
+        busy = r.worker_time.busy
         lines.append((
             r.run_id, _utc(r.started), end, f"{r.duration:.1f} s", str(r.tasks), str(r.erred),
-            str(r.failed_tries), str(r.workers), f"{r.host}/{r.pid}", r.command,
+            str(r.failed_tries), str(r.workers), _hours(r.worker_time.alive),
+            "-" if busy is None else f"{busy:.0%}", f"{r.host}/{r.pid}", r.command,
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     table = "\n".join(

@@ -10,6 +10,8 @@ import shutil
 import sqlite3
 import struct
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,8 +22,17 @@ import pytest
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import MonitorWriter, open_db
-from runtime.report import SECTIONS, _cdf, _Run, _timeline, build_report, list_runs
-from tests.helpers import load_script
+from runtime.report import (
+    SECTIONS,
+    _cdf,
+    _Run,
+    _timeline,
+    build_report,
+    format_runs,
+    list_runs,
+)
+from tests.helpers import load_script, wait_until
+from tests.test_monitordb import _doc_sql, _rows
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 90
@@ -492,3 +503,90 @@ def test_cancelled_tries_are_not_failed_tries_in_the_summary(tmp_path: Path) -> 
     )
     cancelled = "<th>cancelled tries (not failures): cause</th><th>n</th></tr>"
     assert cancelled + "<tr><td>cancelled</td><td>2</td></tr></table>" in page
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def nap_and_fail(seconds: float) -> None:
+    time.sleep(seconds)
+    raise ValueError("bad row")
+
+
+@pytest.mark.anyio
+async def test_the_worker_time_paid_for_busy_and_lost_to_failed_tries_per_pool(
+    tmp_path: Path,
+) -> None:
+    """A user audit (analyst, 1): no figure said how much of the worker time paid for
+    was spent executing, nor how much went into tries that failed. A real run (two
+    workers of two cores, tasks that sleep, one that fails twice): the summary gives,
+    per pool, the core-hours alive (each life times its cores), the hours executing
+    (``ended - started`` of the tries), the busy share and the hours in failed tries,
+    and ``report --list`` the run's core-hours alive and busy share, each equal to what
+    the rows give in plain Python."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, threads_per_worker=2, monitoring=db,
+                           monitoring_interval=0.1) as cluster:  # fmt: skip
+            naps = [0.2, 0.3, 0.4, 0.5]
+            assert await cluster.gather(cluster.map(nap, naps)) == naps
+            with pytest.raises(ValueError):
+                await cluster.submit(nap_and_fail, 0.25, retries=1)
+            # (the run's last rows are written a poll later: its end may not wait for them)
+            await wait_until(
+                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'erred'") == [(1,)],
+                "the erred task in the database",
+                limit=30,
+            )
+    conn = sqlite3.connect(db)
+    try:
+        (end,) = conn.execute("SELECT ended FROM runs").fetchone()
+        lives = conn.execute("SELECT pool, cores, joined, left FROM workers").fetchall()
+        tries = conn.execute(
+            "SELECT outcome, started, ended FROM tries WHERE started IS NOT NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert {(pool, cores) for pool, cores, *_ in lives} == {("default", 2)} and len(lives) == 2
+    alive = sum(cores * ((left or end) - joined) for _, cores, joined, left in lives)
+    executing = sum(stop - start for _, start, stop in tries)
+    failed = sum(stop - start for outcome, start, stop in tries if outcome == "error")
+    # (a speculative copy of a nap, or a try taken back and placed again, may add a try
+    # on a loaded machine: the figures are then those of the rows still)
+    outcomes = Counter(o for o, *_ in tries)
+    assert outcomes["error"] == 2 and outcomes["ok"] >= 4, outcomes
+    assert executing >= 1.4 + 0.5 and failed >= 0.5 and alive > executing
+    read = open_db(db)
+    try:
+        run = _Run(read, None, lambda line: None)
+    finally:
+        read.close()
+    (pool,) = run.worker_time.items()
+    assert pool[0] == "default"
+    got = pool[1]
+    assert (got.alive, got.executing, got.failed) == pytest.approx((alive, executing, failed))
+    assert ("error", "failed", 2, pytest.approx(failed)) in run.time_lost
+    assert {what for _, what, *_ in run.time_lost} <= {"failed", "cancelled"}
+    page = build_report(db)
+    busy = f"{executing / alive:.0%}"
+    row = (f"<tr><td>default</td><td>{alive / 3600:.4g}</td><td>{executing / 3600:.4g}</td>"
+           f"<td>{busy}</td><td>{failed / 3600:.4g}</td></tr>")  # fmt: skip
+    assert row in page
+    (listed,) = list_runs(db)
+    assert (listed.worker_time.alive, listed.worker_time.executing) == pytest.approx(
+        (alive, executing)
+    )
+    # docs/monitoring.md's queries give the same figures
+    assert _rows(db, _doc_sql("Worker time paid for and busy")) == [
+        ("default", pytest.approx(alive))
+    ]
+    by_outcome = _rows(db, _doc_sql("the seconds executing per pool and outcome"))
+    assert {(p, o): n for p, o, n, _ in by_outcome} == {
+        ("default", o): n for o, n in outcomes.items()
+    }
+    assert sum(s for *_, s in by_outcome) == pytest.approx(executing, abs=0.051 * len(outcomes))
+    # its columns, after "workers": core-h alive, busy
+    cells = format_runs([listed]).splitlines()[1].split()
+    assert cells[11:13] == [f"{alive / 3600:.4g}", busy], cells
