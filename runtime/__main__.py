@@ -495,6 +495,12 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "database itself above all, is refused",
     )  # fmt: skip
     rep_.add_argument(
+        "--text", action="store_true",
+        help="print the report as plain text to stdout (the summary's tables and the "
+        "durations per category: to paste into a chat or a terminal), no plot; writes no "
+        "HTML file",
+    )  # fmt: skip
+    rep_.add_argument(
         "--list", action="store_true",
         help="list the database's runs (id, started, ended, duration, tasks, erred, failed "
         "tries, workers, host, command) and write no report",
@@ -1090,7 +1096,7 @@ def _import_policy_module(spec: str) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from runtime.report import format_runs, list_runs, write_report
+    from runtime.report import build_report, format_runs, list_runs, write_report
 
     if args.last is not None and args.since is not None:
         raise ValueError(
@@ -1098,7 +1104,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         )
     if args.list:
         chosen = [f for f, v in (("--run", args.run), ("--since", args.since),
-                                 ("--last", args.last), ("--until", args.until))
+                                 ("--last", args.last), ("--until", args.until),
+                                 ("--text", args.text or None))
                   if v is not None]  # fmt: skip
         if chosen:
             raise ValueError(
@@ -1112,6 +1119,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(text, file=sys.stderr, flush=True)
 
     since = args.since if args.last is None else f"-{args.last.strip()}"
+    if args.text:
+        text = build_report(
+            args.db, run_id=args.run, since=since, until=args.until, progress=progress, text=True
+        )
+        print(text, end="", flush=True)
+        return 0
     out = write_report(
         args.db, args.output, run_id=args.run, since=since, until=args.until,
         progress=progress,

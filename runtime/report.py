@@ -74,10 +74,12 @@ __all__ = [
     "FAILURES_TITLE",
     "MAX_BARS",
     "MAX_CATEGORIES",
+    "MAX_TEXT_CATEGORIES",
     "SECTIONS",
     "ReportOutputError",
     "ReportRunError",
     "RunListing",
+    "WorkerTime",
     "build_report",
     "format_runs",
     "list_runs",
@@ -1551,53 +1553,79 @@ def _policies_table(run: _Run) -> str:
     )  # fmt: skip
 
 
-def _summary(run: _Run) -> str:
+#: a table of the summary: its head, its rows, and its HTML class ("": none; _NOTE: no
+#: table but a line, its head's one cell)
+_Table = tuple[tuple[str, ...], list[tuple[Any, ...]], str]
+_NOTE = "note"
+
+
+def _summary_head(run: _Run) -> list[tuple[str, Any]]:
+    """The summary's first table, as ``(name, value)`` rows."""
     # Lost unasked: left for any reason but on purpose (drained, walltime, shutdown),
     # per life (a worker requeued under its id may be lost again).
     lost = sum(1 for w in run.workers if w[5] is not None and w[5] not in ON_PURPOSE)
     workers = len({w[0] for w in run.workers})
     names = _STATE_NAME if run.releases else {**_STATE_NAME, "memory": _OLD_MEMORY}
-
-    def row(k: str, v: Any) -> str:
-        return f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-
     info = run.info
-    head = [
-        row("run", run.id),
-        row("host / pid", f"{info['host']} / {info['pid']}"),
-        row("started (UTC)", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.t0))),
-        row("recorded for", f"{run.recorded:.1f} s" + ("" if info["ended"] else " (still "
+    return [
+        ("run", run.id),
+        ("host / pid", f"{info['host']} / {info['pid']}"),
+        ("started (UTC)", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.t0))),
+        ("recorded for", f"{run.recorded:.1f} s" + ("" if info["ended"] else " (still "
             "running, or it stopped without closing the database)")),
-        *([row("window (UTC)", _window_row(run))] if run.window else []),
-        row("tasks", run.tasks),
-        *(row(f"tasks {names.get(s, s)}", n) for s, n in sorted(run.states.items())),
-        row("tries", run.tries),
-        row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
-        row("median wait ready to sent to a worker",
+        *([("window (UTC)", _window_row(run))] if run.window else []),
+        ("tasks", run.tasks),
+        *((f"tasks {names.get(s, s)}", n) for s, n in sorted(run.states.items())),
+        ("tries", run.tries),
+        ("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
+        ("median wait ready to sent to a worker",
             "-" if run.median_wait is None else f"{run.median_wait:.3f} s"),
-        row("workers", f"{workers} ({len(run.workers)} lives, {lost} ended unasked)"),
-        row("blocks", _blocks(run)),
-        row("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
+        ("workers", f"{workers} ({len(run.workers)} lives, {lost} ended unasked)"),
+        ("blocks", _blocks(run)),
+        ("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
     ]  # fmt: skip
+
+
+def _summary_tables(run: _Run) -> list[_Table]:
+    """The summary's tables after its first, in order: the HTML report's and the text
+    report's."""
+    return [
+        (("failed tries: outcome", "cause", "n"), run.failures, ""),
+        (("cancelled tries (not failures): cause", "n"), run.cancelled, ""),
+        (("worker time: pool", "core-h alive", "h executing", "busy", "h in failed tries"),
+         _worker_time_rows(run), ""),
+        (("time in tries not ended ok: outcome", "what", "tries", "h executing"),
+         [(o, w, n, _hours(ran)) for o, w, n, ran in run.time_lost], ""),
+        (("tries lost with their worker, retried free: cause", "n"), run.free_lost, ""),
+        (("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
+         [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits], ""),
+        (("worker lives: pool", "ended", "lives", "mean s", "shortest s", "longest s"),
+         _lives(run), ""),
+        (("block ends: state", "cause", "n"), _block_ends(run), ""),
+        *_lost_cost_tables(run),
+        (("outputs lost with a worker: how they came back", "outputs", "workers"),
+         _recoveries(run), ""),
+    ]  # fmt: skip
+
+
+def _summary(run: _Run) -> str:
+    e = html.escape
+    head = "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in _summary_head(run))
     return (
-        "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
-        + _counts(("failed tries: outcome", "cause", "n"), run.failures)
-        + _counts(("cancelled tries (not failures): cause", "n"), run.cancelled)
-        + _counts(("worker time: pool", "core-h alive", "h executing", "busy",
-                   "h in failed tries"), _worker_time_rows(run))
-        + _counts(("time in tries not ended ok: outcome", "what", "tries", "h executing"),
-                  [(o, w, n, _hours(ran)) for o, w, n, ran in run.time_lost])
-        + _counts(("tries lost with their worker, retried free: cause", "n"), run.free_lost)
-        + _counts(("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
-                  [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits])
-        + _counts(("worker lives: pool", "ended", "lives", "mean s", "shortest s",
-                   "longest s"), _lives(run))
-        + _counts(("block ends: state", "cause", "n"), _block_ends(run))
-        + _lost_cost(run)
-        + _counts(("outputs lost with a worker: how they came back", "outputs", "workers"),
-                  _recoveries(run))
+        "<h2>Summary</h2><div class=tables><table>" + head + "</table>"
+        + "".join(_html_table(*t) for t in _summary_tables(run))
         + "</div>"
     )  # fmt: skip
+
+
+def _html_table(head: tuple[str, ...], rows: list[tuple[Any, ...]], cls: str) -> str:
+    """A table of the summary (:data:`_Table`) in HTML: a line for a :data:`_NOTE`."""
+    return f"<p>{html.escape(head[0])}</p>" if cls == _NOTE else _counts(head, rows, cls)
+
+
+def _lost_cost(run: _Run) -> str:
+    """What tries lost with their worker cost (:func:`_lost_cost_tables`), in HTML."""
+    return "".join(_html_table(*t) for t in _lost_cost_tables(run))
 
 
 def _free_lost(conn: sqlite3.Connection) -> str:
@@ -1616,7 +1644,7 @@ def _free_lost(conn: sqlite3.Connection) -> str:
     return f"(outcome IS 'worker-lost' AND cause IN ({causes}) AND {followed})"
 
 
-def _lost_cost(run: _Run) -> str:
+def _lost_cost_tables(run: _Run) -> list[_Table]:
     """What tries lost with their worker cost (:meth:`_Run._read_lost`), by cause: a
     line of totals for preemption (:data:`PREEMPTION`), a table per cause, the tasks
     the retry policy moved to another pool, and those moved by hand."""
@@ -1643,25 +1671,24 @@ def _lost_cost(run: _Run) -> str:
         line += f"; checkpoints: {saved} saved, {resumed} tries resumed from one, {lost} lost"
     else:
         line += "; this file does not record checkpoints (schema version 7 or older)"
-    e = html.escape
     rows = [
         (cause, n, f"{ran:.1f}", unknown, *(("-",) * 3 if not known else (free, charged, none)))
         for cause, n, ran, unknown, free, charged, none in run.lost
     ]
-    return (
-        f"<table class=preemption><tr><th>what preemption cost "
-        f"({e(', '.join(sorted(PREEMPTION)))})</th></tr><tr><td>{e(line)}</td></tr></table>"
-        + _counts(("tries lost with their worker: cause", "tries", "seconds run",
-                   "no start recorded", "free retries", "charged retries", "not retried"),
-                  rows)
-        + _counts(("tasks moved to another pool: from", "to", "tasks", "tries"), run.moves)
-        + (
-            _counts(("tasks moved by hand (Cluster.move, the console's move): from", "to",
-                     "tasks", "moves"), run.hand_moves)
-            if run.hand_moves is not None
-            else "<p>this file does not record tasks moved by hand (schema version 9 or older)</p>"
-        )
+    hand = (
+        (("tasks moved by hand (Cluster.move, the console's move): from", "to", "tasks",
+          "moves"), list(run.hand_moves), "")
+        if run.hand_moves is not None
+        else (("this file does not record tasks moved by hand (schema version 9 or older)",),
+              [], _NOTE)
     )  # fmt: skip
+    return [
+        ((f"what preemption cost ({', '.join(sorted(PREEMPTION))})",), [(line,)], "preemption"),
+        (("tries lost with their worker: cause", "tries", "seconds run", "no start recorded",
+          "free retries", "charged retries", "not retried"), rows, ""),
+        (("tasks moved to another pool: from", "to", "tasks", "tries"), list(run.moves), ""),
+        hand,
+    ]  # fmt: skip
 
 
 def _window_row(run: _Run) -> str:
@@ -1688,14 +1715,16 @@ def _blocks(run: _Run) -> int:
     return len(seen | {b for b, now in state.items() if now in _BLOCK_LIVE})
 
 
-def _counts(head: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
-    """A table of the summary: ``head``, then ``rows`` (or a row saying none)."""
+def _counts(head: tuple[str, ...], rows: Iterable[tuple[Any, ...]], cls: str = "") -> str:
+    """A table of the summary: ``head``, then ``rows`` (or a row saying none); ``cls``:
+    its HTML class."""
     e = html.escape
     cells = (
         "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in rows)
         or f"<tr><td colspan={len(head)}>none</td></tr>"
     )
-    return "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + cells + "</table>"
+    table = f"<table class={cls}>" if cls else "<table>"
+    return table + "<tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + cells + "</table>"
 
 
 def _block_ends(run: _Run) -> list[tuple[str, str, int]]:
@@ -1878,6 +1907,58 @@ def _tasks_span(conn: sqlite3.Connection, rid: tuple[str]) -> str:
     return f"its tasks from {_utc(first)} to {_utc(last)}"
 
 
+def _read_run(
+    db: str | os.PathLike[str],
+    run_id: str | None,
+    since: str | None,
+    until: str | None,
+    progress: Progress,
+    also: Callable[[sqlite3.Connection, _Run], list[tuple[Any, ...]]] | None = None,
+) -> tuple[_Run, list[tuple[Any, ...]]]:
+    """The run of ``db`` a report is of (see :func:`build_report`), and what ``also``
+    reads of it on the same connection (empty without)."""
+    conn = open_db(db)
+    try:
+        try:
+            run = _Run(conn, run_id, progress, since, until)
+        except MonitoringDBError as exc:
+            raise type(exc)(str(db), exc.problem) from None
+        return run, also(conn, run) if also is not None else []
+    finally:
+        conn.close()
+
+
+def _title(run: _Run) -> str:
+    """A report's title: the run, and its window."""
+    title = f"Corral run {run.id}"
+    if run.window is not None:
+        title += f", {_utc(run.window[0])} to {_utc(run.window[1])} UTC"
+    return title
+
+
+def _text_report(db: str | os.PathLike[str], run: _Run, categories: list[tuple[Any, ...]]) -> str:
+    """The report of ``run`` (of ``db``) as plain text (``report --text``): the
+    summary's tables, then the durations of the successful tries per category
+    (:func:`_category_durations`). No plot."""
+    head = _summary_head(run)
+    width = max(len(k) for k, _ in head)
+    parts = [f"{_title(run)} (from {db})", "\n".join(f"{k.ljust(width)}  {v}" for k, v in head)]
+    parts += [
+        h[0] if cls == _NOTE else _text_table(h, rows) for h, rows, cls in _summary_tables(run)
+    ]
+    shown = categories[:MAX_TEXT_CATEGORIES]
+    note = (
+        f" (the {MAX_TEXT_CATEGORIES} with the most time)" if len(categories) > len(shown) else ""
+    )
+    parts.append(
+        _text_table(
+            (f"durations of successful tries{note}: category", "tries ok", "mean s", "p95 s",
+             "max s", "total h", "failed tries"), shown,
+        )
+    )  # fmt: skip
+    return "\n\n".join(parts) + "\n"
+
+
 def build_report(
     db: str | os.PathLike[str],
     *,
@@ -1885,20 +1966,17 @@ def build_report(
     since: str | None = None,
     until: str | None = None,
     progress: Progress = _quiet,
+    text: bool = False,
 ) -> str:
     """The report of ``db`` as one HTML document: of its latest run, or ``run_id``, or
     the one run recorded between ``since`` and ``until``; of the whole run, or of what
     overlaps that window (``--since``/``--until``: a UTC date and time, Unix seconds,
     or ``+DURATION`` from the run's start). :class:`ReportRunError` when it names no
-    run, several, or nothing."""
-    conn = open_db(db)
-    try:
-        try:
-            run = _Run(conn, run_id, progress, since, until)
-        except MonitoringDBError as exc:
-            raise type(exc)(str(db), exc.problem) from None
-    finally:
-        conn.close()
+    run, several, or nothing. ``text``: as plain text instead (``report --text``), its
+    summary and the durations per category, no plot."""
+    if text:
+        return _text_report(db, *_read_run(db, run_id, since, until, progress, _category_durations))
+    run, _ = _read_run(db, run_id, since, until, progress)
     parts = []
     first = True
     for make in (_timeline, _queues, _fleet, _memory, _cdf, _alerts_figure, _storage):
@@ -1910,9 +1988,7 @@ def build_report(
             parts.append(_actions_table(run))
             parts.append(_policies_table(run))
         first = False
-    title = f"Corral run {run.id}"
-    if run.window is not None:
-        title += f", {_utc(run.window[0])} to {_utc(run.window[1])} UTC"
+    title = _title(run)
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
@@ -2041,6 +2117,51 @@ def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: st
                 str(given), f"cannot write it ({exc.strerror or exc}): give -o another path"
             ) from exc
         raise
+
+
+#: the text report's table of durations shows at most this many categories (the most
+#: time first)
+MAX_TEXT_CATEGORIES = 50
+
+
+def _category_durations(conn: sqlite3.Connection, run: _Run) -> list[tuple[Any, ...]]:
+    """Per category (in the run, or its window), the most time first: its successful
+    tries, their mean, 95th percentile (nearest rank), longest and total (hours)
+    durations, and its failed tries (as the summary counts them); at most
+    :data:`MAX_TEXT_CATEGORIES` + 1 rows."""
+    during = run._during(*_TRY_SPAN)
+    cat = "COALESCE(NULLIF(category, ''), '?')"
+    ok = conn.execute(
+        f"WITH ok AS (SELECT {cat} AS cat, MAX(ended - started, 0.0) AS d FROM tries WHERE "
+        f"run_id = ?{during} AND outcome = 'ok' AND started IS NOT NULL AND ended IS NOT "
+        "NULL), ranked AS (SELECT cat, d, ROW_NUMBER() OVER (PARTITION BY cat ORDER BY d) AS "
+        "i, COUNT(*) OVER (PARTITION BY cat) AS n FROM ok) SELECT cat, n, AVG(d), MAX(CASE "
+        "WHEN i = (95 * n + 99) / 100 THEN d END), MAX(d), SUM(d) FROM ranked GROUP BY cat, n "
+        "ORDER BY SUM(d) DESC, cat LIMIT ?", (run.id, MAX_TEXT_CATEGORIES + 1),
+    ).fetchall()  # fmt: skip
+    failed = dict(conn.execute(
+        f"SELECT {cat}, COUNT(*) FROM tries WHERE run_id = ?{during} AND outcome NOT IN "
+        f"('ok', 'cancelled') AND NOT {_free_lost(conn)} GROUP BY 1", (run.id,),
+    ).fetchall())  # fmt: skip
+    rows: list[tuple[Any, ...]] = [
+        (c, n, f"{mean:.3f}", f"{p95:.3f}", f"{most:.3f}", _hours(total), failed.pop(c, 0))
+        for c, n, mean, p95, most, total in ok
+    ]
+    if len(rows) <= MAX_TEXT_CATEGORIES:  # those whose every try failed
+        rows += [(c, 0, "-", "-", "-", "0", n) for c, n in sorted(failed.items())]
+    return rows
+
+
+def _text_table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """A table of the text report: ``head``, then ``rows`` (or a line saying none),
+    columns lined up."""
+    lines = [head, *(tuple(str(v) for v in r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(head))]
+    out = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)).rstrip()
+        for line in lines
+    ]
+    return "\n".join(out if rows else [*out, "none"])
 
 
 def write_report(

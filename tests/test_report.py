@@ -515,6 +515,23 @@ def nap_and_fail(seconds: float) -> None:
     raise ValueError("bad row")
 
 
+async def _naps_and_a_failure(db: Path, naps: list[float], fail: float, **kw: Any) -> None:
+    """A real run recorded in ``db``: a cluster of two workers (``kw``: more options)
+    that runs ``nap`` for each of ``naps``, then a task that naps ``fail`` seconds and
+    fails, twice (``retries=1``)."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1, **kw) as cluster:
+            assert await cluster.gather(cluster.map(nap, naps)) == naps
+            with pytest.raises(ValueError):
+                await cluster.submit(nap_and_fail, fail, retries=1)
+            # (the run's last rows are written a poll later: its end may not wait for them)
+            await wait_until(
+                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'erred'") == [(1,)],
+                "the erred task in the database",
+                limit=30,
+            )
+
+
 @pytest.mark.anyio
 async def test_the_worker_time_paid_for_busy_and_lost_to_failed_tries_per_pool(
     tmp_path: Path,
@@ -527,19 +544,7 @@ async def test_the_worker_time_paid_for_busy_and_lost_to_failed_tries_per_pool(
     and ``report --list`` the run's core-hours alive and busy share, each equal to what
     the rows give in plain Python."""
     db = tmp_path / "monitoring.db"
-    with anyio.fail_after(LIMIT):
-        async with Cluster(workers=2, threads_per_worker=2, monitoring=db,
-                           monitoring_interval=0.1) as cluster:  # fmt: skip
-            naps = [0.2, 0.3, 0.4, 0.5]
-            assert await cluster.gather(cluster.map(nap, naps)) == naps
-            with pytest.raises(ValueError):
-                await cluster.submit(nap_and_fail, 0.25, retries=1)
-            # (the run's last rows are written a poll later: its end may not wait for them)
-            await wait_until(
-                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'erred'") == [(1,)],
-                "the erred task in the database",
-                limit=30,
-            )
+    await _naps_and_a_failure(db, [0.2, 0.3, 0.4, 0.5], 0.25, threads_per_worker=2)
     conn = sqlite3.connect(db)
     try:
         (end,) = conn.execute("SELECT ended FROM runs").fetchone()
@@ -590,3 +595,65 @@ async def test_the_worker_time_paid_for_busy_and_lost_to_failed_tries_per_pool(
     # its columns, after "workers": core-h alive, busy
     cells = format_runs([listed]).splitlines()[1].split()
     assert cells[11:13] == [f"{alive / 3600:.4g}", busy], cells
+
+
+@pytest.mark.anyio
+async def test_report_text_prints_the_summary_and_the_durations_per_category(
+    tmp_path: Path,
+) -> None:
+    """A user audit (analyst, 2): the report was a 5 MB HTML file only, with no table
+    of durations per category. ``report --text`` prints the summary's tables and a
+    table per category of the successful tries' count, mean, 95th percentile, longest
+    and total duration, and the failed tries, to stdout, and writes no file. A real
+    run: four naps and a task that fails twice; the figures are those of the rows."""
+    db = tmp_path / "monitoring.db"
+    await _naps_and_a_failure(db, [0.1, 0.2, 0.3, 0.4], 0.05)
+    with anyio.fail_after(60):
+        proc = await anyio.run_process(
+            [sys.executable, "-m", "runtime", "report", str(db), "--text"], check=False,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path,
+        )  # fmt: skip
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".html")]  # no HTML written
+    (run_id,) = _rows(db, "SELECT run_id FROM runs")[0]
+    assert out.startswith(f"Corral run {run_id} (from {db})\n\nrun ")
+    lines = out.splitlines()
+    assert [ln.split() for ln in lines if ln.startswith("tasks erred")] == [["tasks", "erred", "1"]]
+    failed = lines.index(next(ln for ln in lines if ln.startswith("failed tries: outcome")))
+    assert lines[failed + 1].split() == ["error", "ValueError", "2"]
+    assert "worker time: pool" in out and "what preemption cost" in out
+    # the durations of the successful tries, as the rows give them
+    durations = sorted(
+        d for (d,) in _rows(db, "SELECT ended - started FROM tries WHERE outcome = 'ok'")
+    )
+    # (4, or more when a speculative copy of a nap finished: the rows say)
+    n = len(durations)
+    assert n >= 4
+    table = lines.index(next(ln for ln in lines if ln.startswith("durations of successful")))
+    nap_row, fail_row = lines[table + 1].split(), lines[table + 2].split()
+    p95 = durations[(95 * n + 99) // 100 - 1]  # the nearest rank
+    assert nap_row == ["nap", str(n), f"{sum(durations) / n:.3f}", f"{p95:.3f}",
+                       f"{durations[-1]:.3f}", f"{sum(durations) / 3600:.4g}", "0"]  # fmt: skip
+    assert fail_row == ["nap_and_fail", "0", "-", "-", "-", "0", "2"]
+
+
+def test_the_text_report_s_95th_percentile_is_the_nearest_rank(tmp_path: Path) -> None:
+    """20 successful tries of 1 to 20 s: mean 10.5, 95th percentile 19 (the 19th of 20,
+    nearest rank), longest 20; a category's failed try counted beside; the tries of
+    another run left out."""
+    conn, t0 = _one_run_db(tmp_path / "monitoring.db", 100.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome) VALUES (?, ?, 1, 'fit', 'w', ?, ?, ?, ?)",
+            [("run-1", f"fit-{i}", t0, t0, t0 + i, "ok") for i in range(1, 21)]
+            + [("run-1", "fit-bad", t0, t0, t0 + 500, "error"),
+               ("other", "fit-x", t0, t0, t0 + 900, "ok")],
+        )  # fmt: skip
+    conn.close()
+    text = build_report(tmp_path / "monitoring.db", run_id="run-1", text=True)
+    lines = text.splitlines()
+    table = lines.index(next(ln for ln in lines if ln.startswith("durations of successful")))
+    assert lines[table + 1].split() == ["fit", "20", "10.500", "19.000", "20.000", "0.05833", "1"]
+    assert lines[table + 2 :] == []

@@ -318,6 +318,8 @@ def test_what_names_no_run_or_nothing_is_refused_saying_what_is_there(
     )
     proc = _report(str(runs.db), "--list", "--run", runs.one)
     assert proc.returncode == 1 and "--list lists every run" in proc.stderr, proc.stderr
+    proc = _report(str(runs.db), "--list", "--text")
+    assert proc.returncode == 1 and "leave out --text, or --list" in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(60)
