@@ -382,3 +382,33 @@ def test_a_poison_task_s_group_says_the_error_its_client_got(tmp_path: Path) -> 
     groups = {g[0]: g for g in _run(db, "r").why_failed}
     assert groups["segv"][:7] == ("segv", "crash", "worker-lost", 3, "segv-0", "w2", verdict)
     assert groups["ok"][6] == "worker w1 was lost (crash) with 'ok-0' sent to it"
+
+
+def test_the_worker_time_of_a_window_is_cut_to_it(tmp_path: Path) -> None:
+    """The summary's worker time of a window (``--since``/``--until``): a worker of 2
+    cores alive from T0 to T0 + 1000 and its tries from 100 to 300 s (ok) and 500 to
+    700 s (failed), in the window from 200 to 600 s: 800 core-seconds alive, 200 s
+    executing, 100 s of them in the failed try; the whole run: 2,000, 400 and 200."""
+    db = _db(tmp_path, tries=[
+        ("a-1", 1, "a", "w", T0 + 100, T0 + 100, T0 + 300, "ok", None, None),
+        ("b-1", 1, "b", "w", T0 + 500, T0 + 500, T0 + 700, "error", "ValueError", "ValueError"),
+    ])  # fmt: skip
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(
+            "INSERT INTO workers (run_id, worker, pool, cores, joined, left, cause) "
+            "VALUES (?, 'w', 'cpu', 2, ?, ?, 'shutdown')",
+            (RUN, T0, T0 + 1000),
+        )
+    conn.close()
+    read = open_db(db)
+    try:
+        window = _Run(read, None, lambda line: None, str(T0 + 200), str(T0 + 600))
+        whole = _Run(read, RUN, lambda line: None)
+    finally:
+        read.close()
+    cut = window.worker_time["cpu"]
+    assert (cut.alive, cut.executing, cut.failed, cut.busy) == (800.0, 200.0, 100.0, 0.25)
+    assert window.time_lost == [("error", "failed", 1, 100.0)]
+    run = whole.worker_time["cpu"]
+    assert (run.alive, run.executing, run.failed) == (2000.0, 400.0, 200.0)
