@@ -20,6 +20,8 @@ it (or their limits) changed since it was last said. Pure: times come in as data
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
 from runtime.errors import size_text
 
@@ -45,17 +47,34 @@ def claims_and_share(cmd: HostOvercommitted) -> tuple[str, int]:
     return names, cmd.host_memory // max(cmd.processes, 1)
 
 
-def overcommit_text(cmd: HostOvercommitted) -> str:
+def _pool_keys(pools: Sequence[str]) -> str:
+    """``[pools.a]`` or ``[pools.a] and [pools.b]``: where a pool's keys are set."""
+    return " and ".join(f"[pools.{p}]" for p in pools)
+
+
+def overcommit_text(cmd: HostOvercommitted, pools: Sequence[str] = (), by_hand: bool = True) -> str:
     """What the manager logs and shows (status, dashboard) of ``cmd``: which workers, the
-    sum, the machine's memory and what to do."""
+    sum, the machine's memory and what to do: for the workers of configured ``pools``
+    (started by their providers), the pools' ``memory_per_worker``; for the others
+    (``by_hand``: some are not a configured pool's), ``--memory`` or a cluster that
+    divides the machine."""
     names, share = claims_and_share(cmd)
+    mib = f"{share // 2**20}MiB"
+    why = f"the machine's memory / {cmd.processes} worker processes"
+    if not pools:
+        advice = (
+            f"--memory {mib} ({why}), or start them with Cluster(processes={cmd.processes}) "
+            "or a local pool, which divide the machine's memory among their workers"
+        )
+    else:
+        advice = f'set memory_per_worker = "{mib}" in {_pool_keys(pools)} ({why})'
+        if by_hand:
+            advice += f", and start the workers not of a pool with --memory {mib}"
     return (
         f"host {cmd.host}: the memory limits of its workers {names} add up to "
         f"{size_text(cmd.claimed)}, more than the machine's {size_text(cmd.host_memory)}; "
-        f"no memory fence acts before the machine runs out. Give each worker its share: --memory "
-        f"{share // 2**20}MiB (the machine's memory / {cmd.processes} worker processes), or "
-        f"start them with Cluster(processes={cmd.processes}) or a local pool, which divide "
-        f"the machine's memory among their workers"
+        f"no memory fence acts before the machine runs out. Give each worker its share: "
+        f"{advice}"
     )
 
 
@@ -65,12 +84,25 @@ def overcommit_text(cmd: HostOvercommitted) -> str:
 CORES_FLAG = "give the workers --cores that add up to {cpus} or fewer"
 
 
-def cores_overcommit_text(cmd: HostOvercommitted, advice: str = CORES_FLAG) -> str:
+def cores_overcommit_text(
+    cmd: HostOvercommitted,
+    advice: str = CORES_FLAG,
+    pools: Sequence[str] = (),
+    by_hand: bool = True,
+) -> str:
     """What the manager logs and shows of a ``"cores"`` warning: which workers, the
     cores they declare and the CPUs the machine lets them use, and ``advice`` (with
-    ``{cpus}``) on what to change. Only a warning: tasks that wait on I/O may want more
-    slots than CPUs."""
+    ``{cpus}``) on what to change; for the workers of configured ``pools``, their
+    ``cores_per_worker`` (and ``--cores`` for the others when ``by_hand``). Only a
+    warning: tasks that wait on I/O may want more slots than CPUs."""
     names = ", ".join(f"{w} ({n})" for w, n in cmd.workers)
+    if pools:
+        advice = (
+            f"set cores_per_worker in {_pool_keys(pools)} so that the cores of the workers "
+            "on this machine add up to {cpus} or fewer"
+        )
+        if by_hand:
+            advice += " (and give the workers not of a pool fewer --cores)"
     return (
         f"host {cmd.host}: the cores of its workers {names} add up to {cmd.claimed}, more "
         f"than the {cmd.host_memory} CPUs it lets them use; their tasks share those CPUs "

@@ -414,11 +414,16 @@ class Scheduler(Actor):
         policies: PolicyRegistry = REGISTRY,
         initial: dict[str, tuple[str, dict[str, Any]]] | None = None,
         cores_advice: str = CORES_FLAG,
+        pool_keys: Collection[str] = (),
     ) -> None:
         self.policy_registry = policies
         #: the end of a cores warning: what to change, ``{cpus}`` the CPUs (an embedded
         #: cluster's workers are sized by its keywords, not by --cores)
         self.cores_advice = cores_advice
+        #: the configured pools (``[pools.NAME]``, ``Cluster(pools=...)``): a machine's
+        #: warning tells their workers' users to set the pool's key (memory_per_worker,
+        #: cores_per_worker), not a worker's flag they never pass
+        self.pool_keys = frozenset(pool_keys)
         if "scaling" in (initial or {}):
             raise ValueError(
                 "the scaling policy belongs to the autoscaler: choose it with "
@@ -980,12 +985,13 @@ class Scheduler(Actor):
         # a host's cores warning beside its memory warning, under a key of its own
         key = f"{cmd.host} cores" if cores else cmd.host
         if isinstance(cmd, HostOvercommitted):
+            pools, by_hand = self._pools_of(cmd)
             text = (
                 shared_disk_text(cmd)
                 if disk
-                else cores_overcommit_text(cmd, self.cores_advice)
+                else cores_overcommit_text(cmd, self.cores_advice, pools, by_hand)
                 if cores
-                else overcommit_text(cmd)
+                else overcommit_text(cmd, pools, by_hand)
             )
             self.host_warnings[key] = text
             workers = [w for w, _ in cmd.workers]
@@ -999,6 +1005,19 @@ class Scheduler(Actor):
             self.log.warning(
                 f"workers no longer {said}", **{where: cmd.host, "workers": list(cmd.workers)}
             )
+
+    def _pools_of(self, cmd: HostOvercommitted) -> tuple[tuple[str, ...], bool]:
+        """The configured pools (:attr:`pool_keys`) whose blocks' workers ``cmd``
+        names, sorted; and whether it names any other worker (one started by hand)."""
+        pools: set[str] = set()
+        by_hand = False
+        for worker, _ in cmd.workers:
+            info = self.infos.get(worker)
+            if info is not None and info.block and info.pool in self.pool_keys:
+                pools.add(info.pool)
+            else:
+                by_hand = True
+        return tuple(sorted(pools)), by_hand
 
     def _past_limit(self, cmd: WorkerPastLimit) -> None:
         """Log at WARNING and show (``status()["warnings"]``) a worker that ran past its

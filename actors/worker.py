@@ -64,7 +64,7 @@ from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, run_call
-from actors.host import host_cpus
+from actors.host import host_cpus, memory_limit
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
@@ -336,8 +336,9 @@ class Worker(Actor):
     ``resolve(worker_id)`` returns a reference to a peer worker (or ``None`` when the
     peer is gone); ``scheduler`` receives :class:`RegisterWorker`, :class:`TasksDone`
     and :class:`WorkerMemoryReport`. ``memory`` is its memory limit in bytes (default:
-    the machine's); ``memory_options`` the rest of its
-    :class:`~actors.memory.MemoryConfig`. ``probe`` replaces what memory is governed by
+    the least of the machine's, its cgroup's and its Slurm job's); ``memory_options``
+    the rest of its :class:`~actors.memory.MemoryConfig`. ``probe`` replaces what
+    memory is governed by
     (default: the RSS of this process and its task processes). ``block``: the block it
     belongs to ("": unknown), which its :class:`WorkerInfo` tells the scheduler.
     """
@@ -374,7 +375,9 @@ class Worker(Actor):
         self.scheduler = scheduler
         self.resolve = resolve
         self.nthreads = nthreads
-        self.memory = memory or host_identity()[1]
+        #: its limit: by default the least of the machine's memory, its cgroup's limit
+        #: and its Slurm job's memory on the node (actors.host.memory_limit)
+        self.memory = memory or memory_limit(machine=host_identity()[1]).limit
         if disk is not None and disk < 0:
             raise ValueError(f"disk must be >= 0 bytes (or None: not counted), got {disk}")
         self.pool = pool

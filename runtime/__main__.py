@@ -35,7 +35,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actors.host import MemoryLimit
 
 __all__ = ["build_parser", "main"]
 
@@ -541,7 +544,8 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--memory",
         default="0",
         metavar="SIZE",
-        help="memory it offers, e.g. 4GiB (default: the machine's, or its share: "
+        help="memory it offers, e.g. 4GiB (default: the least of the machine's, its "
+        "cgroup's limit and, in a Slurm job, the job's memory on the node, or its share: "
         "--memory-share); give each of several workers on one machine its share",
     )
     wrk.add_argument(
@@ -549,8 +553,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="without --memory: offer 1/N of the machine's memory, as one of N workers "
-        "sharing it (local and Slurm pools pass it; default: 1, the whole machine)",
+        help="without --memory: offer 1/N of the machine's memory (or of the less its "
+        "cgroup or Slurm job has), as one of N workers sharing it (local and Slurm pools "
+        "pass it; default: 1, the whole machine)",
     )
     wrk.add_argument(
         "--disk",
@@ -1134,23 +1139,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_share(n: int) -> int:
-    """1/``n`` of this machine's memory (bytes), for ``--memory-share n``; a
-    :class:`MemoryConfigError` saying what to do when it is under a worker's least."""
+def _memory_share(n: int) -> MemoryLimit:
+    """The memory limit of a worker given no ``--memory``, one of ``n`` sharing this
+    machine (``--memory-share n``): 1/``n`` of the least of the machine's memory, its
+    cgroup's limit and a Slurm job's memory on this node (:func:`actors.host.memory_limit`,
+    which says where it came from); a :class:`MemoryConfigError` saying what to do
+    when it is under a worker's least."""
+    from actors.host import memory_limit
     from actors.memory import MIN_LIMIT
     from actors.worker import host_identity
     from runtime.errors import MemoryConfigError
 
-    total = host_identity()[1]
-    share = total // n
-    if share < MIN_LIMIT:
+    found = memory_limit(n, machine=host_identity()[1])
+    if found.limit < MIN_LIMIT:
         raise MemoryConfigError(
-            f"--memory-share {n}: 1/{n} of this machine's {total // 2**20} MiB is "
-            f"{share // 2**20} MiB, under a worker's least ({MIN_LIMIT // 2**20} MiB); run "
-            "fewer workers here (a local pool's max_blocks or workers_per_node) or give "
-            "each a --memory (memory_per_worker)"
+            f"--memory-share {n}: 1/{n} of {found.source} is {found.limit // 2**20} MiB, "
+            f"under a worker's least ({MIN_LIMIT // 2**20} MiB); run fewer workers here (a "
+            "local pool's max_blocks or workers_per_node) or give each a --memory "
+            "(memory_per_worker)"
         )
-    return share
+    return found
 
 
 def _check_deadline(deadline: float, now: float) -> None:
@@ -1212,7 +1220,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     memory = parse_bytes(args.memory)
     if memory < 0:  # named here: 0 is allowed (the machine's memory)
         raise MemoryConfigError(
-            f"--memory must be >= 0 (0: the machine's memory), got {args.memory!r}"
+            f"--memory must be >= 0 (0: the default, the machine's memory or less), got "
+            f"{args.memory!r}"
         )
     too_small = limit_too_small(args.memory, memory)
     if too_small:
@@ -1222,8 +1231,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             f"--memory-share must be a whole number >= 1 (the workers sharing this "
             f"machine's memory), got {args.memory_share}"
         )
-    if not memory and args.memory_share > 1:
-        args.memory = str(_memory_share(args.memory_share))
+    found = None  # the least of the machine's, its cgroup's and its Slurm job's
+    if not memory:
+        found = _memory_share(args.memory_share)
+        args.memory = str(found.limit)
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     from runtime.node import check_worker_pool
@@ -1251,6 +1262,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         check_one_token(args.token, args.token_file)
         if not args.connect_retry:  # (else: tried again until the manager wrote it)
             read_token_file(args.token_file, "worker")
+
+    if found is not None:  # on stdout, as the join line: a Slurm block's .out has it
+        print(f"worker memory limit {found.text()}", flush=True)
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)

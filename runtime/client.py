@@ -2041,16 +2041,17 @@ class Cluster:
 
     def worker_memory(self) -> int:
         """Each worker's memory limit (bytes) in an embedded cluster without pools:
-        ``memory_per_worker``, or by default the machine's total memory (psutil), which
-        ``processes=N`` worker processes share evenly (each gets a ``1/N`` share, as
-        dask's ``LocalCluster`` does) and in-process workers each watch whole (they
-        share this process's RSS: docs/memory.md#in-process-workers)."""
+        ``memory_per_worker``, or by default the machine's total memory (psutil; or the
+        less this process's cgroup, or the Slurm job it runs in, has:
+        :func:`actors.host.memory_limit`), which ``processes=N`` worker processes share
+        evenly (each gets a ``1/N`` share, as dask's ``LocalCluster`` does) and
+        in-process workers each watch whole (they share this process's RSS:
+        docs/memory.md#in-process-workers)."""
         if self.memory_per_worker:
             return self.memory_per_worker
-        import psutil
+        from actors.host import memory_limit
 
-        total = int(psutil.virtual_memory().total)
-        return total // self.processes if self.processes else total
+        return memory_limit(self.processes or 1).limit
 
     def worker_disk(self) -> int:
         """Each worker's disk budget (bytes) in an embedded cluster without pools:

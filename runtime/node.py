@@ -557,6 +557,7 @@ async def start_control_plane(
         config=config,
         initial=policies,
         cores_advice=cores_advice,
+        pool_keys=tuple(pools or ()),
     )
     plane.scheduler = scheduler
     # No restarts for the scheduler: a failure there is a bug that may have left its

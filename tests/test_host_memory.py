@@ -34,6 +34,8 @@ from actors.scheduler_state import SchedulerState
 from actors.worker import host_cpus
 from runtime import Cluster
 from runtime.client import _cores_advice
+from runtime.errors import size_text
+from runtime.messages import WorkerInfo
 from runtime.node import pool_worker_argv
 from tests.helpers import ROOT, Cli, Factory, make_state, run, wait_until
 
@@ -299,12 +301,13 @@ def test_a_memory_share_under_the_least_says_which_fraction_in_words_right_for_a
 
     total = 24105 * 2**20 if n == 1000 else 100 * 2**20  # each share under 64 MiB
     monkeypatch.setattr(actors.worker, "host_identity", lambda: ("h", total))
+    for name in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU"):
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(MemoryConfigError) as info:
         _memory_share(n)
     share = total // n // 2**20
-    assert f"--memory-share {n}: 1/{n} of this machine's {total // 2**20} MiB is {share} MiB," in (
-        str(info.value)
-    ), info.value
+    machine = f"the machine's memory ({size_text(total)})"  # or less: its cgroup's, Slurm's
+    assert f"--memory-share {n}: 1/{n} of {machine} is {share} MiB," in str(info.value), info.value
 
 
 def test_an_embedded_clusters_cores_warning_asks_for_its_own_keywords() -> None:
@@ -350,3 +353,200 @@ async def test_a_cluster_of_worker_processes_on_too_few_cpus_names_its_keywords(
         "else start the Cluster with processes times threads_per_worker (each worker's cores) "
         "adding up to 1 or fewer"
     ), text
+
+
+# ------------------------------------------------ a worker's default limit (audit slurmscale F2)
+#
+# A Slurm worker without memory_per_worker (no --mem sent) took the node's whole RAM as
+# its limit: nothing read the job's memory (SLURM_MEM_PER_NODE, SLURM_MEM_PER_CPU) nor
+# its cgroup's limit, so on a site enforcing DefMemPerCPU through cgroups the job was
+# killed OUT_OF_MEMORY (spending the replacement budget) before any fence acted.
+
+GIB = 2**30
+
+
+def fake_cgroups(
+    root: Path, own: str, limits: dict[str, str], *, v2: bool = True, mount: str = ""
+) -> Path:
+    """A cgroup file system under ``root`` (v2 unified, else v1's memory controller,
+    under ``mount`` when given: "unified" for a hybrid system) with ``limits``: cgroup
+    path -> the limit file's text; and a ``/proc/self/cgroup`` naming ``own`` as this
+    process's cgroup. Returns that file."""
+    base = root / mount if v2 else root / "memory"
+    base.mkdir(parents=True, exist_ok=True)
+    if v2:
+        (base / "cgroup.controllers").write_text("cpu memory pids\n")
+    for path, text in limits.items():
+        where = base.joinpath(*[p for p in path.split("/") if p])
+        where.mkdir(parents=True, exist_ok=True)
+        (where / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(text + "\n")
+    self_cgroup = root / "self-cgroup"
+    lines = ["0::" + own] if v2 else ["5:cpu,cpuacct:/x", "4:memory:" + own, "0::/"]
+    self_cgroup.write_text("\n".join(lines) + "\n")
+    return self_cgroup
+
+
+JOB = "/system.slice/slurmstepd.scope/job_7"
+TASK = JOB + "/step_batch/user/task_0"
+
+
+@pytest.mark.parametrize("mount", ["", "unified"])
+def test_a_workers_default_limit_is_its_cgroups_v2_memory_max(tmp_path: Path, mount: str) -> None:
+    """Slurm's task/cgroup under cgroup v2 sets ``memory.max`` on the job (its steps and
+    tasks say "max"): the least on the way up from the process's cgroup is its limit,
+    and the worker says which file it came from."""
+    from actors.host import memory_limit
+
+    own = fake_cgroups(tmp_path, TASK, {TASK: "max", JOB: str(4 * GIB), "/system.slice": "max"},
+                       mount=mount)  # fmt: skip
+    found = memory_limit(machine=MACHINE, environ={}, cgroup_root=tmp_path, self_cgroup=own)
+    assert found.limit == 4 * GIB
+    path = tmp_path / mount / JOB.lstrip("/") / "memory.max"
+    assert found.source == f"its cgroup's memory limit (4.00 GiB, {path})"
+    assert found.text() == f"4.00 GiB: its cgroup's memory limit (4.00 GiB, {path})"
+    # Two workers of the job on this node (--memory-share 2): half each.
+    halves = memory_limit(2, machine=MACHINE, environ={}, cgroup_root=tmp_path, self_cgroup=own)
+    assert halves.limit == 2 * GIB
+    assert halves.text().endswith(", over the 2 workers sharing it (--memory-share 2)")
+
+
+def test_a_workers_default_limit_is_its_cgroups_v1_limit_in_bytes(tmp_path: Path) -> None:
+    """cgroup v1: ``memory.limit_in_bytes`` of the memory controller's hierarchy; its
+    "no limit" (2**63 less a page) is none, and so is one above the machine's memory (the
+    machine's is then the least)."""
+    from actors.host import memory_limit
+
+    def limit(limits: dict[str, str]) -> tuple[int, str]:
+        own = fake_cgroups(tmp_path, TASK, limits, v2=False)
+        found = memory_limit(machine=MACHINE, environ={}, cgroup_root=tmp_path, self_cgroup=own)
+        return found.limit, found.source
+
+    file = f"{tmp_path}/memory{JOB}/memory.limit_in_bytes"
+    assert limit({TASK: "9223372036854771712", JOB: str(3 * GIB)}) == (
+        3 * GIB, f"its cgroup's memory limit (3.00 GiB, {file})"
+    )  # fmt: skip
+    assert limit({TASK: "9223372036854771712", JOB: "9223372036854771712"}) == (
+        MACHINE, "the machine's memory (23.54 GiB)"
+    )  # fmt: skip
+    assert limit({JOB: str(2 * MACHINE)})[0] == MACHINE
+
+
+def test_a_container_sees_its_cgroup_at_the_mounts_root(tmp_path: Path) -> None:
+    """In a container without a cgroup namespace, /proc/self/cgroup names the host's
+    path, which its mount does not hold: the limit is read from what exists of it, the
+    mount's root (the container's own cgroup). No cgroup file at all: the machine's."""
+    from actors.host import memory_limit
+
+    (tmp_path / "cgroup.controllers").write_text("memory\n")
+    (tmp_path / "memory.max").write_text(f"{GIB}\n")
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/docker/0123abcd\n")
+    found = memory_limit(machine=MACHINE, environ={}, cgroup_root=tmp_path, self_cgroup=own)
+    assert (found.limit, found.source) == (GIB, f"its cgroup's memory limit (1.00 GiB, "
+                                                f"{tmp_path}/memory.max)")  # fmt: skip
+    nothing = memory_limit(machine=MACHINE, environ={}, cgroup_root=tmp_path / "none",
+                           self_cgroup=tmp_path / "no-such-file")  # fmt: skip
+    assert (nothing.limit, nothing.source) == (MACHINE, "the machine's memory (23.54 GiB)")
+
+
+def test_a_slurm_workers_default_limit_is_its_jobs_memory_over_its_nodes_workers(
+    tmp_path: Path,
+) -> None:
+    """Inside a Slurm job: ``SLURM_MEM_PER_NODE`` (MiB), else ``SLURM_MEM_PER_CPU`` times
+    ``SLURM_CPUS_ON_NODE``, divided among the block's workers on the node (its
+    ``--memory-share``, the pool's ``workers_per_node``, as its cores are), when it is
+    less than the cgroup's and the machine's; a cgroup holding exactly the job's memory
+    is said as the job's."""
+    from actors.host import memory_limit
+
+    own = fake_cgroups(tmp_path, TASK, {JOB: str(8 * GIB)})
+
+    def limit(env: dict[str, str], share: int = 1) -> tuple[int, str]:
+        found = memory_limit(share, machine=MACHINE, environ=env, cgroup_root=tmp_path,
+                             self_cgroup=own)  # fmt: skip
+        return found.limit, found.text()
+
+    per_node = {"SLURM_JOB_ID": "7", "SLURM_MEM_PER_NODE": "6000"}
+    assert limit(per_node, 2) == (3000 * 2**20, (
+        "2.93 GiB: the Slurm job's memory on this node (5.86 GiB, SLURM_MEM_PER_NODE=6000 "
+        "MiB), over the 2 workers sharing it (--memory-share 2)"
+    ))  # fmt: skip
+    per_cpu = {"SLURM_MEM_PER_CPU": "1000", "SLURM_CPUS_ON_NODE": "4"}
+    assert limit(per_cpu) == (4000 * 2**20, (
+        "3.91 GiB: the Slurm job's memory on this node (3.91 GiB, SLURM_MEM_PER_CPU=1000 MiB "
+        "x SLURM_CPUS_ON_NODE=4)"
+    ))  # fmt: skip
+    assert limit({"SLURM_MEM_PER_NODE": "8192"})[1].startswith(
+        "8.00 GiB: the Slurm job's memory on this node"
+    )  # the job's cgroup holds what Slurm gave: said as the job's
+    assert limit({"SLURM_MEM_PER_NODE": "20000"})[0] == 8 * GIB  # the cgroup's is less
+    assert limit({"SLURM_MEM_PER_CPU": "1000"})[0] == 8 * GIB  # no CPU count: not known
+    assert limit({"SLURM_MEM_PER_NODE": "0", "SLURM_MEM_PER_CPU": "x"})[0] == 8 * GIB
+
+
+def test_a_worker_process_without_memory_takes_its_slurm_jobs_share_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """``python -m runtime worker`` in a Slurm block's environment, as its script starts
+    it (``--memory 0 --memory-share 2``): it prints the limit it took and where it came
+    from, on stdout as its join line (the block's .out). Its manager does not answer
+    (nothing listens on the port): it exits 1 after one try."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "7",
+           "SLURM_MEM_PER_NODE": "2048", "CORRAL_HOME": str(tmp_path)}  # fmt: skip
+    env.pop("SLURM_MEM_PER_CPU", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:61999", "--token", "t",
+         "--memory", "0", "--memory-share", "2"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert (
+        "worker memory limit 1.00 GiB: the Slurm job's memory on this node (2.00 GiB, "
+        "SLURM_MEM_PER_NODE=2048 MiB), over the 2 workers sharing it (--memory-share 2)\n"
+    ) in done.stdout, (done.stdout, done.stderr)
+
+
+def test_a_pools_workers_are_told_to_set_its_keys_not_worker_flags() -> None:
+    """Audit slurmscale F2: three 2-core blocks of pool ``scav`` on one node were told to
+    give each worker ``--memory`` or ``Cluster(processes=2)``, and ``--cores``, which a
+    pool's user never writes: the warnings now name ``memory_per_worker`` and
+    ``cores_per_worker`` in ``[pools.scav]``, and the workers of no pool keep the flags."""
+    from actors.scheduler import Scheduler
+    from runtime.log import get_logger
+    from runtime.messages import StatusRequest
+    from tests.helpers import FixedClock, PostedRef
+
+    s = Scheduler(lambda: PostedRef(), lambda: PostedRef(), pool_keys=("scav", "owner"))  # type: ignore[arg-type, return-value]
+    s.clock = FixedClock()  # type: ignore[assignment]
+    s._log = get_logger("corral", actor="scheduler")
+
+    def join(worker: str, pool: str, block: str, now: float) -> None:
+        s.infos[worker] = WorkerInfo(worker, 2, MACHINE, pool=pool, block=block, host=HOST)
+        s.workers[worker] = PostedRef()  # type: ignore[assignment]
+        s._handle(WorkerJoined(
+            f"j-{worker}", now, worker, 2, MACHINE, pool, block=block, host=HOST,
+            host_memory=MACHINE, process=len(s.infos), host_cpus=2,
+        ))  # fmt: skip
+
+    join("scav-1", "scav", "scav/block-1", 0.0)
+    join("scav-3", "scav", "scav/block-3", 0.0)
+    s._handle(Tick("t1", SETTLE))
+    cores, memory = sorted(s.status(StatusRequest())["warnings"])  # "...cores" < "...memory"
+    assert memory.endswith(
+        'Give each worker its share: set memory_per_worker = "12052MiB" in [pools.scav] '
+        "(the machine's memory / 2 worker processes)"
+    ), memory
+    assert "--memory" not in memory and "Cluster(" not in memory
+    assert cores.endswith(
+        "else set cores_per_worker in [pools.scav] so that the cores of the workers on this "
+        "machine add up to 2 or fewer"
+    ), cores
+
+    join("manual", "scav", "", 2.0)  # started by hand (no block), though of pool scav
+    s._handle(Tick("t2", 2.0 + SETTLE))
+    cores, memory = sorted(s.status(StatusRequest())["warnings"])  # "...cores" < "...memory"
+    assert memory.endswith(
+        'set memory_per_worker = "8035MiB" in [pools.scav] (the machine\'s memory / 3 worker '
+        "processes), and start the workers not of a pool with --memory 8035MiB"
+    ), memory
+    assert cores.endswith("(and give the workers not of a pool fewer --cores)"), cores
