@@ -23,7 +23,9 @@ The checks:
   (Python's major.minor, Corral's, dask's) is a FAIL naming both sides.
 - ``drain``: how long before its walltime each pool with one has its workers drained;
   a WARN when, without a ``drain_period``, the default margin would be capped at half
-  a short walltime.
+  a short walltime. ``signal warning``: a WARN for a Slurm pool whose
+  ``signal_warning`` is not shorter than its drain (the SIGTERM comes first and cuts
+  the running tasks).
 - ``any-pool tasks``: with two pools or more, a WARN for each pool at ``min_blocks = 0``
   that tasks of no pool may run on (``any_pool_tasks``, the default): they scale it
   (:func:`check_any_pool`); and one when every pool has ``any_pool_tasks = false``:
@@ -120,6 +122,7 @@ __all__ = [
     "check_memory_limit",
     "check_partition",
     "check_policies",
+    "check_signal_warning",
     "check_test_only",
     "compare_versions",
     "exit_code",
@@ -305,13 +308,17 @@ def check_drain(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
     a ``drain_period`` the margin is the scheduler's ``walltime_grace`` plus the pool's
     longest task, at most half the walltime: a WARN when the walltime is at most twice
     that grace, so that the cap always applies and a block works half its walltime at
-    most."""
+    most. And a WARN (``signal warning``) for a Slurm pool whose ``signal_warning`` is
+    not shorter than its drain margin (:func:`check_signal_warning`)."""
     grace = SchedulerConfig().walltime_grace
     results = []
     for pool in pools.values():
         walltime, period = pool.walltime, pool.drain_period
         if walltime is None:
             continue
+        signal = check_signal_warning(pool, walltime, grace)
+        if signal is not None:
+            results.append(signal)
         if period is not None:
             seen = f"workers drained {period:g} s before their walltime of {walltime:g} s"
             results.append(CheckResult(pool.name, "drain", PASS, seen))
@@ -332,6 +339,38 @@ def check_drain(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
             )
             results.append(CheckResult(pool.name, "drain", PASS, seen))
     return results
+
+
+def check_signal_warning(pool: PoolConfig, walltime: float, grace: float) -> CheckResult | None:
+    """A WARN when ``pool``'s ``signal_warning`` (Slurm's SIGTERM that long before the
+    walltime) comes at or before its drain: its ``drain_period``, or without one the
+    least default margin (``grace``, the scheduler's ``walltime_grace``, at most half the
+    ``walltime``). The workers then leave at the signal with their tasks still running
+    (lost as ``walltime``), where the drain would have let them finish. None: no
+    ``signal_warning``, or it comes after the drain."""
+    signal, period = pool.signal_warning, pool.drain_period
+    if not signal:
+        return None
+    drain = period if period is not None else min(grace, walltime / 2)
+    if signal < drain:
+        return None
+    said = (
+        f"drain_period {period:g} s"
+        if period is not None
+        else f"the default drain margin, which may be as short as {drain:g} s (no drain_period)"
+    )
+    return CheckResult(
+        pool.name, "signal warning", WARN,
+        f"signal_warning {signal} s is not shorter than {said}: Slurm's SIGTERM comes "
+        f"{signal} s before the walltime, before the drain (or with it), so its workers "
+        "leave with their tasks still running (lost as walltime, run again from the start "
+        "or their checkpoint) where the drain would have let them finish",
+        f"Set drain_period in [pools.{pool.name}] to more than signal_warning plus the "
+        f"pool's longest task (e.g. drain_period = {signal + int(grace)} for tasks of up to "
+        f"{grace:g} s), or leave signal_warning out: the drain already ends the workers "
+        "cleanly before the walltime (signal_warning is for a batch system that may kill "
+        "them sooner).",
+    )  # fmt: skip
 
 
 def check_any_pool(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:

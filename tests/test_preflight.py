@@ -585,18 +585,24 @@ def test_a_slurm_command_that_does_not_answer_says_what_to_look_at(
     assert "SLURM_CONF is not set" in result.advice
 
 
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """Slurm's commands (sinfo, squeue, sbatch, scontrol) first on PATH, each a shell
+    script running ``body``: no real cluster is asked."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for command in ("sinfo", "squeue", "sbatch", "scontrol"):
+        (fake / command).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+
+
 @pytest.mark.anyio
 async def test_the_checks_at_manager_start_never_hold_it_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Slurm commands that hang (a controller that does not answer): the manager waits
     # for the quick checks at most `limit` seconds, then starts.
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    for command in ("sinfo", "squeue", "sbatch", "scontrol"):
-        (fake / command).write_text("#!/bin/sh\nsleep 30\n")
-        (fake / command).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    fake_slurm(tmp_path, monkeypatch, "sleep 30")
     pools = pools_from_dicts({"hpc": {"provider": "slurm", "partition": "ckpt"}})
     started = time.monotonic()
     assert await log_quick_checks(pools, limit=1.0) == []
@@ -855,6 +861,59 @@ def test_a_short_walltime_without_drain_period_is_a_warning() -> None:
     assert "drained 10 s before their walltime of 60 s" in got[("set", "drain")].detail
     assert got[("long", "drain")].status == PASS
     assert ("none", "drain") not in got
+
+
+def test_a_signal_warning_not_shorter_than_the_drain_is_a_warning() -> None:
+    """Audit slurmscale F3: `signal_warning = 40` with `drain_period = 15` passed `check`
+    with 0 warnings, and Slurm's SIGTERM, 40 s before the walltime, came before the
+    drain: the workers left as `walltime` with tasks running (2 tries lost). Now a WARN
+    saying what to set; a signal after the drain (or none) gets no line. Without a
+    drain_period the default margin is at least the scheduler's walltime_grace (60 s),
+    at most half the walltime."""
+    from runtime.preflight import check_drain
+
+    pools = pools_from_dicts({
+        "run2": {"provider": "slurm", "walltime": "00:02:30", "signal_warning": 40,
+                 "drain_period": 15},
+        "equal": {"provider": "slurm", "walltime": 600, "signal_warning": 30, "drain_period": 30},
+        "fine": {"provider": "slurm", "walltime": 600, "signal_warning": 30, "drain_period": 90},
+        "default": {"provider": "slurm", "walltime": 600, "signal_warning": 90},
+        "default-fine": {"provider": "slurm", "walltime": 600, "signal_warning": 50},
+        "short": {"provider": "slurm", "walltime": 60, "signal_warning": 40},
+        "none": {"provider": "slurm", "walltime": 600, "drain_period": 15},
+    })  # fmt: skip
+    got = {r.pool: r for r in check_drain(pools) if r.check == "signal warning"}
+    assert sorted(got) == ["default", "equal", "run2", "short"]
+    run2 = got["run2"]
+    assert run2.status == WARN
+    assert run2.detail.startswith(
+        "signal_warning 40 s is not shorter than drain_period 15 s: Slurm's SIGTERM comes 40 s "
+        "before the walltime, before the drain (or with it), so its workers leave with their "
+        "tasks still running"
+    ), run2.detail
+    assert run2.advice.startswith(
+        "Set drain_period in [pools.run2] to more than signal_warning plus the pool's longest "
+        "task (e.g. drain_period = 100 for tasks of up to 60 s), or leave signal_warning out"
+    ), run2.advice
+    assert "the default drain margin, which may be as short as 60 s" in got["default"].detail
+    assert "as short as 30 s" in got["short"].detail  # half the walltime
+
+
+@pytest.mark.anyio
+async def test_the_manager_warns_of_a_signal_warning_before_the_drain_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same WARN among the checks the manager logs as it starts (no Slurm here: its
+    commands fail at once, which is a FAIL of its own)."""
+    fake_slurm(tmp_path, monkeypatch, "exit 1")
+    pools = pools_from_dicts({
+        "scav": {"provider": "slurm", "partition": "ckpt", "walltime": 150,
+                 "signal_warning": 40, "drain_period": 15},
+    })  # fmt: skip
+    results = await log_quick_checks(pools, run_dir=tmp_path, limit=20.0)
+    (warned,) = [r for r in results if r.check == "signal warning"]
+    assert warned.pool == "scav" and warned.status == WARN
+    assert "Set drain_period in [pools.scav]" in warned.advice
 
 
 def test_a_memory_limit_in_thread_execution_is_a_warning_naming_process() -> None:
