@@ -114,6 +114,7 @@ __all__ = [
     "main",
     "render_status",
     "replaced_text",
+    "resumed_text",
 ]
 
 #: Task states, for ``tasks --state`` and its completion.
@@ -850,10 +851,7 @@ class ConsoleClient:
         if len(words) != 1:
             _usage("resume")
         data = jsonable(await self.resume(words[0]))
-        was = [w.replace("_", " ") for w in ("paused", "backing_off", "gave_up") if data.get(w)]
-        how = f" (it was {' and '.join(was)})" if was else " (it was not held back)"
-        text = f"pool {words[0]} resumed{how}; blocks now: {data.get('blocks', 0)}"
-        return Result("resume", data, Text(text))
+        return Result("resume", data, Text(resumed_text(words[0], data)))
 
     async def _cmd_cancel(self, rest: str) -> Result:
         run = key = either = ""
@@ -993,6 +991,17 @@ def _asks_help(name: str, rest: str) -> bool:
 def _split_json(line: str) -> tuple[str, bool]:
     stripped, n = _JSON_FLAG.subn("", line)
     return stripped.strip(), n > 0
+
+
+def resumed_text(pool: str, data: Mapping[str, Any]) -> str:
+    """What ``resume POOL`` prints of the autoscaler's answer ``data``: how the pool was
+    held back (paused, backing off, given up), and its blocks now."""
+    was = [w.replace("_", " ") for w in ("paused", "backing_off") if data.get(w)]
+    held = [f"was {' and '.join(was)}"] if was else []
+    if data.get("gave_up"):
+        held.append("had given up")
+    how = f" (it {' and '.join(held)})" if held else " (it was not held back)"
+    return f"pool {pool} resumed{how}; blocks now: {data.get('blocks', 0)}"
 
 
 def _words(rest: str) -> list[str]:

@@ -53,6 +53,7 @@ from runtime.console import (
     ConsoleClient,
     ConsoleError,
     ConsoleShell,
+    resumed_text,
     split_cli_options,
 )
 from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
@@ -1122,6 +1123,21 @@ async def test_a_suspended_pool_shows_its_error_and_resume_brings_its_blocks() -
             }  # fmt: skip
             with pytest.raises(ValueError, match="no pool 'nope'"):
                 await console.resume("nope")
+
+
+def test_resume_says_how_the_pool_was_held_back_in_english() -> None:
+    """Audit slurmscale F5: `resume scav` after the pool gave up printed `(it was gave
+    up)`."""
+    assert resumed_text("scav", {"gave_up": True, "blocks": 3}) == (
+        "pool scav resumed (it had given up); blocks now: 3"
+    )
+    assert resumed_text("p", {"paused": True, "backing_off": True, "gave_up": True}) == (
+        "pool p resumed (it was paused and backing off and had given up); blocks now: 0"
+    )
+    assert resumed_text("p", {"backing_off": True, "blocks": 1}) == (
+        "pool p resumed (it was backing off); blocks now: 1"
+    )
+    assert resumed_text("p", {}) == "pool p resumed (it was not held back); blocks now: 0"
 
 
 @pytest.mark.anyio
