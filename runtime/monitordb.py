@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import re
@@ -1159,6 +1160,10 @@ CATEGORY_SAMPLES_EVERY = 30.0
 #: are then about 12 rows an hour each, not 1,800)
 METRIC_HEARTBEAT = 300.0
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
+#: seconds a stopping recorder's last poll may take: it reads the scheduler's feed to its
+#: end (every page), then the rest; past this it is cut (logged), and what it read is
+#: written all the same, before the run's end
+LAST_POLL_TIMEOUT = 5.0
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
 #: try outcomes that are no failure of the task's
@@ -1307,8 +1312,14 @@ class MonitorRecorder(Actor):
         if writer is None:
             return
         self._stopping = True
-        with anyio.move_on_after(5.0):
-            await self.poll()
+        with anyio.move_on_after(LAST_POLL_TIMEOUT) as bound:
+            await self.poll(drain=True)
+        if bound.cancelled_caught:
+            _log.warning(
+                "monitoring database: the run's last poll was cut; the scheduler's feed "
+                "entries read are written, any after them are not",
+                path=str(writer.path), seconds=LAST_POLL_TIMEOUT, feed_read_to=self.seq,
+            )  # fmt: skip
         final = self._end(writer)  # (unused if give_up_all() came first: its end holds)
         self.writer = None
         async with anyio.create_task_group() as tg:
@@ -1327,6 +1338,7 @@ class MonitorRecorder(Actor):
 
         now, run, feed_lost = time.time(), self.run_id, self.feed_lost
         rows = _Rows()
+        self._flush_tasks(rows)  # (what the feed said of tasks since the last full poll)
         rows.add("event", _RUN_END_WORKERS, (now, run))
         for bid, (pool, _) in self._blocks.items():
             rows.add("event", _BLOCK, (run, bid, pool, "stopped", now, "shutdown"))
@@ -1355,26 +1367,35 @@ class MonitorRecorder(Actor):
                 gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
             )  # fmt: skip
 
-    async def poll(self, *, full: bool = True, now: float | None = None) -> tuple[int, int]:
+    async def poll(
+        self, *, full: bool = True, now: float | None = None, drain: bool = False
+    ) -> tuple[int, int]:
         """One round: the feed and, if ``full``, the workers' memory, the blocks, the
         metrics, the alerts; then hand the rows to the writer. Returns the feed events
         read and the size of the feed's ring. ``now``: the Unix time of its rows (a
-        test's; by default the time now)."""
+        test's; by default the time now); ``drain``: read the feed to its end, however
+        many pages (the run's last poll), not at most 10.
+
+        A poll cut short (the cluster's stop cancels the loop's, or the last poll's bound
+        cuts it) still hands the writer the rows it made: the feed entries it read are
+        read for good (the next poll asks for those after them)."""
         writer = self.writer
         if writer is None:
             return 0, 0
         async with self._lock:
             rows = _Rows()
             now = time.time() if now is None else now
-            read, capacity = await self._feed(rows, now, full)
-            if full:
-                self._flush_tasks(rows)
-                await self._poll_blocks(rows, now)
-                await self._poll_metrics(rows, now)
-                await self._poll_alerts(rows, now)
-                dropped = sum(writer.dropped.values())
-                rows.add("event", _RUN_SEEN, (now, self.feed_lost, dropped, self.run_id))
-            writer.submit(rows.ops)
+            try:
+                read, capacity = await self._feed(rows, now, full, drain)
+                if full:
+                    self._flush_tasks(rows)
+                    await self._poll_blocks(rows, now)
+                    await self._poll_metrics(rows, now)
+                    await self._poll_alerts(rows, now)
+                    dropped = sum(writer.dropped.values())
+                    rows.add("event", _RUN_SEEN, (now, self.feed_lost, dropped, self.run_id))
+            finally:
+                writer.submit(rows.ops)
             self.polls += 1
             return read, capacity
 
@@ -1386,10 +1407,13 @@ class MonitorRecorder(Actor):
         except (ActorStopped, AskTimeout):
             return None
 
-    async def _feed(self, rows: _Rows, now: float, samples: bool) -> tuple[int, int]:
+    async def _feed(
+        self, rows: _Rows, now: float, samples: bool, drain: bool = False
+    ) -> tuple[int, int]:
         last = None
         read = 0
-        for _ in range(10):  # pages; what is left waits for the next poll
+        # pages: at most 10, what is left waits for the next poll; all when draining
+        for _ in itertools.count() if drain else range(10):
             reply = await self._ask(self._scheduler(), MonitorFeed(self.seq, self.page))
             if not isinstance(reply, MonitorFeedReply):
                 break

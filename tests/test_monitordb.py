@@ -6,6 +6,7 @@ error."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -566,13 +567,15 @@ _n = iter(range(10**9))
 
 
 class _Ref:
-    """Stands for an actor: ``ask`` answers ``answer(msg)`` (None: no answer)."""
+    """Stands for an actor: ``ask`` answers ``answer(msg)`` (None: no answer; an
+    awaitable: what it gives, once it does)."""
 
     def __init__(self, answer: Callable[[Any], Any]) -> None:
         self.answer = answer
 
     async def ask(self, msg: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
-        return self.answer(msg)
+        answer = self.answer(msg)
+        return await answer if inspect.isawaitable(answer) else answer
 
 
 def _recorder(
@@ -584,8 +587,10 @@ def _recorder(
     max_rows: int = 500_000,
     wall: float = WALL,
     workers: dict[str, tuple[int, int, int, int | None, int]] | None = None,
+    run_row: bool = True,
 ) -> tuple[MonitorRecorder, MonitorWriter]:
-    """A recorder of ``state``'s feed into a new database at ``db``, with its run row;
+    """A recorder of ``state``'s feed into a new database at ``db``, with its run row
+    (``run_row``; else the one its ``on_start`` writes, as an actor's);
     ``wall``: Unix time less the core's clock; ``workers``: the workers' memory numbers
     the feed gives (read at each poll: a test changes them between polls)."""
 
@@ -601,8 +606,9 @@ def _recorder(
     recorder = MonitorRecorder(
         writer, lambda: cast(Any, scheduler), lambda: cast(Any, boss), lambda: cast(Any, scaler)
     )
-    run = (recorder.run_id, wall, wall, None, "host", 1, "[]", "3", 0, 0)
-    writer.submit([("event", "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)", [run])])
+    if run_row:
+        run = (recorder.run_id, wall, wall, None, "host", 1, "[]", "3", 0, 0)
+        writer.submit([("event", "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)", [run])])
     return recorder, writer
 
 
