@@ -25,7 +25,7 @@ from policies import REGISTRY
 from runtime.errors import MonitoringDBError
 from runtime.graph import Task
 from runtime.messages import StatusReply, StorageStatus, WorkerStorage
-from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, open_db
+from runtime.monitordb import SCHEMA_VERSION, UPGRADED_VERSIONS, MonitorWriter, open_db
 from runtime.report import SECTIONS, build_report
 from tests.helpers import (
     GB,
@@ -259,7 +259,8 @@ def test_a_database_of_version_1_is_refused_saying_what_it_lacks(tmp_path: Path)
         open_db(old)
     with pytest.raises(MonitoringDBError, match="give --monitoring another path"):
         MonitorWriter(old)
-    assert SCHEMA_VERSION == 9
+    # (version 1 is refused, every version from 2 on is upgraded to the current one)
+    assert 1 not in UPGRADED_VERSIONS and tuple(range(2, SCHEMA_VERSION)) == UPGRADED_VERSIONS
 
 
 # ----------------------------------------------------------------------------- processes
