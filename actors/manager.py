@@ -65,6 +65,7 @@ from runtime.messages import (
     ClientCame,
     ClientGone,
     CloseStream,
+    DataDelivered,
     DataMissing,
     DataReply,
     DrainRequest,
@@ -213,6 +214,9 @@ MAX_RUN_KEYS = 1_000_000
 #: ``Cluster.run``: the seconds a worker is told are left of a call's timeout, at least
 #: (a call sent just as its deadline comes: the manager stops waiting for it then)
 RUN_LEAST = 0.001
+#: seconds between the manager's words to the scheduler of the values gathers gave to
+#: clients (``DataDelivered``): one word for all the gathers of that time, not one each
+DELIVERED_EVERY = 0.25
 
 
 @dataclasses.dataclass(slots=True)
@@ -231,10 +235,12 @@ class _KeyState:
 class _Gathered(Message):
     """Manager-internal: what a gather found, reported to the manager's own handler.
     ``lost``: ``(key, the KeyDone the gather went by)`` for keys not where it said;
-    ``not_on``: ``(worker, keys)`` a worker answered it does not hold."""
+    ``not_on``: ``(worker, keys)`` a worker answered it does not hold; ``unreached``:
+    ``(worker, keys)`` of a worker the gather could not ask (gone, or away)."""
 
     lost: tuple[tuple[Key, Any], ...]
     not_on: tuple[tuple[str, tuple[Key, ...]], ...]
+    unreached: tuple[tuple[str, tuple[Key, ...]], ...] = ()
 
 
 class _Graph(NamedTuple):
@@ -263,6 +269,12 @@ class _Built(Message):
 
 #: what the manager carries out in the order it came, behind submissions under way
 _Ordered = ReleaseKeysRequest | ClientCame | ClientGone | CancelRequest
+
+
+@message(local=True)
+class _SendDelivered(Message):
+    """Manager-internal: tell the scheduler the values gathers gave to clients since
+    the last time (:meth:`Manager.send_delivered`)."""
 
 
 @message(local=True)
@@ -359,6 +371,10 @@ class Manager(Actor):
         #: per kind, the policy set at runtime (``set_policy``, the console) now in
         #: force: its name and parameters (values), lost at a stop (:meth:`on_stop`)
         self.policies_set: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: keys whose values gathers gave to clients, not yet told to the scheduler (an
+        #: ordered set), and whether the word that tells them is due already
+        self._delivered: dict[Key, None] = {}
+        self._delivered_due = False
 
     # -- submissions -----------------------------------------------------------------
 
@@ -778,7 +794,8 @@ class Manager(Actor):
     ) -> GatherResult:
         """Fetch the values of ``found`` from their workers. Runs beside the handlers:
         it reads and writes none of the manager's state, and what it learned about
-        keys goes through :meth:`gathered` before the answer goes out.
+        keys goes through :meth:`gathered` before the answer goes out (but the keys
+        whose values it gives, noted for :meth:`send_delivered`).
 
         The answer to a client in another process (``raw``) is one frame: it carries at
         most ``GET_DATA_BYTES`` of values inline, by their recorded sizes, as one
@@ -789,6 +806,7 @@ class Manager(Actor):
             by_worker.setdefault(upd.worker, []).append((key, upd.nbytes))
         lost: list[Key] = []  #: not where their KeyDone said
         not_on: list[tuple[str, tuple[Key, ...]]] = []  #: the workers said so
+        unreached: list[tuple[str, tuple[Key, ...]]] = []  #: their worker is gone
         unreachable: list[Key] = []
         streams: list[StreamInfo] = []
         data: dict[Key, Any] = {}
@@ -796,8 +814,9 @@ class Manager(Actor):
         inline = 0  #: bytes of the pickles in ``data`` (raw)
         for wid, sized in by_worker.items():
             ref = self._resolve(wid)
-            if ref is None:  # gone: the scheduler recomputes what it held
+            if ref is None:  # gone: the scheduler makes again what it held
                 lost.extend(k for k, _ in sized)
+                unreached.append((wid, tuple(k for k, _ in sized)))
                 continue
             # A worker in another process sends large values as streams: a remote
             # client reads them through us (ReadStream relayed), a local one gets them
@@ -838,8 +857,14 @@ class Manager(Actor):
                     unreachable.extend(k for k in keys if k not in data)
         if lost:  # before the asker hears of them, so it finds our table up to date
             await self.ref.ask(
-                _Gathered(tuple((k, found[k]) for k in lost), tuple(not_on)), timeout=None
+                _Gathered(tuple((k, found[k]) for k in lost), tuple(not_on), tuple(unreached)),
+                timeout=None,
             )
+        if data or streams:  # (a stream: the client reads it next, or asks again)
+            self._delivered.update(dict.fromkeys((*data, *(info.key for info in streams))))
+            if not self._delivered_due:
+                self._delivered_due = True
+                self.send_later(DELIVERED_EVERY, _SendDelivered())
         return GatherResult(
             data, (*missing, *lost), msg.raw, tuple(unreachable), tuple(streams), tuple(later)
         )
@@ -868,13 +893,23 @@ class Manager(Actor):
             )
         return reply
 
+    @handles(_SendDelivered)
+    def send_delivered(self, msg: _SendDelivered) -> None:
+        """The scheduler hears which values clients were given: each such output, if
+        lost while only clients hold it, is made again only once something needs it."""
+        keys, self._delivered, self._delivered_due = tuple(self._delivered), {}, False
+        self._scheduler().post(DataDelivered(keys))
+
     @handles(_Gathered)
     def gathered(self, msg: _Gathered) -> None:
         """A gather found keys missing where their KeyDone said they were: forget that
         word, unless a newer one came meanwhile (the key was made again elsewhere while
-        the gather waited); and tell the scheduler what the workers did not have."""
+        the gather waited); and tell the scheduler what the workers did not have, and
+        what it could not ask for (an output lost already is made again)."""
         for wid, keys in msg.not_on:
             self._scheduler().post(DataMissing(wid, keys))
+        for wid, keys in msg.unreached:  # lost with it, maybe: made again if so
+            self._scheduler().post(DataMissing(wid, keys, reached=False))
         for key, upd in msg.lost:
             ks = self.keys.get(key)
             if ks is not None and ks.update is upd:

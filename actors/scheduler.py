@@ -73,6 +73,7 @@ from actors.scheduler_events import (
     TasksMoved,
     TasksRunning,
     Tick,
+    ValuesDelivered,
     WorkerAway,
     WorkerDraining,
     WorkerFloor,
@@ -125,6 +126,7 @@ from runtime.messages import (
     ConfirmHolds,
     CopiesReply,
     CopyFrom,
+    DataDelivered,
     DataMissing,
     DrainRequest,
     DropCheckpointsMsg,
@@ -793,7 +795,11 @@ class Scheduler(Actor):
 
     @handles(DataMissing)
     def data_missing(self, msg: DataMissing) -> None:
-        self._handle(ReplicasMissing(*self._ev(), msg.worker_id, msg.keys))
+        self._handle(ReplicasMissing(*self._ev(), msg.worker_id, msg.keys, msg.reached))
+
+    @handles(DataDelivered)
+    def data_delivered(self, msg: DataDelivered) -> None:
+        self._handle(ValuesDelivered(*self._ev(), msg.keys))
 
     @handles(WorkerHolds)
     def worker_holds(self, msg: WorkerHolds) -> None:

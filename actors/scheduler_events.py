@@ -61,6 +61,7 @@ __all__ = [
     "TasksMoved",
     "TasksRunning",
     "Tick",
+    "ValuesDelivered",
     "WorkerAway",
     "WorkerDraining",
     "WorkerFloor",
@@ -193,9 +194,19 @@ class WorkerLeaving(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReplicasMissing(Event):
-    """Asked for these outputs (a gather), ``worker`` did not have them."""
+    """Asked for these outputs (a gather), ``worker`` did not have them; ``reached``
+    false: the gather could not ask it (gone, or its connection dropped), so it may
+    hold them still. Either way the gather's client needs them."""
 
     worker: str
+    keys: tuple[Key, ...]
+    reached: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ValuesDelivered(Event):
+    """Gathers gave the values of these outputs to clients (``TaskState.delivered``)."""
+
     keys: tuple[Key, ...]
 
 

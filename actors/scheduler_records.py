@@ -415,6 +415,7 @@ class TaskState:
         "client",
         "consumers",
         "copy_said",
+        "delivered",
         "dependents",
         "deps",
         "disk_need",
@@ -474,6 +475,10 @@ class TaskState:
         self.waiting_deps = 0
         self.consumers = 0  #: active dependents (they still need this output)
         self.wanted = 0  #: client holds on this key
+        #: a gather gave its output's value to a client, and no client came to want it
+        #: since, nor did a gather find it missing: lost with its workers while no task
+        #: reads it, it is made again only once something needs it (``lost_held``)
+        self.delivered = False
         self.who_has: set[str] = set()  #: workers holding the output
         self.nbytes = 0  #: output size
         #: its output is a file output: ``nbytes`` on its holders' disks, not in memory

@@ -261,6 +261,7 @@ from actors.scheduler_events import (
     TasksMoved,
     TasksRunning,
     Tick,
+    ValuesDelivered,
     WorkerAway,
     WorkerDraining,
     WorkerFloor,
@@ -850,6 +851,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.replica_bytes = 0
         self.replicas_failed = 0
         self.recomputes_avoided = 0
+        #: outputs lost with their workers that only clients hold, each given to a
+        #: client already (``TaskState.delivered``), with the worker each was lost
+        #: with: ``released`` and still wanted, made again only once something needs
+        #: one (a task reading it, a gather of it, a submission naming it: ``_recompute``)
+        self.lost_held: dict[TaskState, str] = {}
         #: the cluster stops on purpose (:class:`ClusterStops`): its tasks ended, and a
         #: worker that goes now takes nothing anyone will read
         self.stopping = False
@@ -1469,10 +1475,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         wanted = [self.tasks[key] for key in ev.wanted]
         for ts in wanted:
             ts.wanted += 1
+            ts.delivered = False  # (this client was not given its value)
             self._files[ts.key] = ts
         for key in ev.hold:  # read by a later piece: kept for it as if wanted
             ts = self.tasks[key]
             ts.wanted += 1
+            ts.delivered = False
             self._files[key] = ts
         fresh = set(new)
         # Brand-new tasks may be placed in any order: a new input is not in memory yet,
@@ -2210,6 +2218,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ts.wanted -= 1
             self._files[key] = ts
             if ts.wanted == 0:
+                if self.lost_held:
+                    self.lost_held.pop(ts, None)  # (a released task like any other now)
                 if ts.state in ACTIVE and ts.consumers == 0:
                     self._cancel(ts, "no longer wanted", unneeded=True)
                 self._maybe_forget(ts)
@@ -3328,8 +3338,24 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._output_lost(dep, wid)
 
     def _replicas_missing(self, ev: ReplicasMissing) -> None:
+        """A gather did not find these outputs on ``ev.worker`` (``reached`` false: it
+        could not reach it, gone or away, whose replicas then stand): each is needed."""
         for key in ev.keys:
-            self._not_on(key, ev.worker)
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.delivered = False  # its client asks for it again: it does not have it
+            if ev.reached:
+                self._not_on(key, ev.worker)  # (the last replica: made again at once)
+            if ts in self.lost_held:  # lost already
+                self._recompute(ts)
+
+    def _values_delivered(self, ev: ValuesDelivered) -> None:
+        """Gathers gave these outputs' values to clients."""
+        for key in ev.keys:
+            ts = self.tasks.get(key)
+            if ts is not None and ts.state == "memory":
+                ts.delivered = True
 
     def _back_to_ready(self, ts: TaskState) -> None:
         """A processing task returns to waiting or queued, by its inputs' states."""
@@ -3708,16 +3734,23 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     self._tried(ts, rec, None, began=began)
 
     def _output_lost(self, ts: TaskState, wid: str) -> None:
-        """The last replica of ``ts``'s output is gone (last held by ``wid``)."""
+        """The last replica of ``ts``'s output is gone (last held by ``wid``). Made
+        again at once if a task reads it, or a client wants it that was not given its
+        value yet; one that only clients hold that were given it is made again once
+        something needs it (``lost_held``)."""
         self._log(ts.key, "memory", "lost")
         self.copy_failed.pop(ts, None)
         if (ts.consumers or ts.wanted) and self.stopping:
             return  # the run ended: it stays as it ended, finished, held to the end
-        if ts.consumers or ts.wanted:
+        if ts.consumers or (ts.wanted and not ts.delivered):
             self._recovered(ts, wid, "recomputed")
             self._recompute(ts)
+            return
+        self._set(ts, "released")
+        if ts.wanted:
+            self.lost_held[ts] = wid
+            self._log(ts.key, "released", "lost-after-gather: made again when needed")
         else:
-            self._set(ts, "released")
             self._maybe_forget(ts)
 
     def _recompute(self, root: TaskState) -> None:
@@ -3732,6 +3765,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.unneeded = False
             elif ts.state not in ("memory", "released"):
                 continue
+            if self.lost_held:
+                wid = self.lost_held.pop(ts, None)
+                if wid is not None:  # lost while only clients held it: needed now
+                    self._recovered(ts, wid, "recomputed")
             # The registry hears it is made again ("pending"): it takes an output
             # "created" after it released one for stale, and would never let it go.
             self._files[ts.key] = ts
@@ -3760,6 +3797,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ):
                 continue
             del self.tasks[t.key]
+            if self.lost_held:
+                self.lost_held.pop(t, None)
             self._pool_task_gone(pool_key(t.spec.pool))
             self._category_task_gone(t.spec.category)
             if self.disk_measured:
@@ -5871,6 +5910,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 assert ts in self.workers[wid].has_what, (ts, wid)
             if ts.state in ("erred", "cancelled"):
                 assert ts.error is not None, ts
+            # released while a client wants it: lost after a gather, until needed
+            lost_held = ts.state == "released" and ts.wanted > 0
+            assert lost_held == (ts in self.lost_held), (ts, "lost_held", lost_held)
+        assert all(self.tasks.get(t.key) is t for t in self.lost_held), "lost_held forgotten"
         wave = {
             ts
             for ts in self.tasks.values()
@@ -6131,6 +6174,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerAway: SchedulerState._worker_away,
     WorkerHeld: SchedulerState._worker_held,
     ReplicasMissing: SchedulerState._replicas_missing,
+    ValuesDelivered: SchedulerState._values_delivered,
     ReplicasCopied: SchedulerState._replicas_copied,
     TasksFinished: SchedulerState._tasks_finished,
     TasksRunning: SchedulerState._tasks_running,

@@ -630,9 +630,20 @@ class TasksDone(Message):
 @message(local=True)
 class DataMissing(Message):
     """Manager -> scheduler: asked for these outputs, ``worker`` did not have them (the
-    scheduler forgets that replica and, if it was the last, makes the output again)."""
+    scheduler forgets that replica and, if it was the last, makes the output again).
+    ``reached`` false: the gather could not reach ``worker`` (gone, or its connection
+    dropped): its replicas stand, and an output lost already is made again."""
 
     worker_id: str
+    keys: tuple[Any, ...]
+    reached: bool = True
+
+
+@message(local=True)
+class DataDelivered(Message):
+    """Manager -> scheduler: gathers gave the values of these outputs to clients (an
+    output that only clients hold then is made again, if lost, once needed)."""
+
     keys: tuple[Any, ...]
 
 

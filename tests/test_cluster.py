@@ -807,6 +807,41 @@ async def test_crashed_worker_is_replaced_and_its_tasks_retried() -> None:
         go.set()
 
 
+async def test_a_result_the_client_was_given_is_made_again_only_when_awaited_again() -> None:
+    """A user audit (slurmscale F1): a result the client had printed was made again at
+    once when its worker was lost. Now only one the client was not given yet is; the
+    other, once awaited again, through the manager's gather that finds its worker gone."""
+    rec = Recorder()
+
+    def make(name: str) -> str:
+        rec(name)
+        return name * 2
+
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            state = cluster.scheduler_state
+            await cluster.wait_for_workers(1)
+            given = cluster.submit(make, "given", pure=False)
+            kept = cluster.submit(make, "kept", pure=False)
+            assert await given == "givengiven"
+            await kept.wait()  # done, its value not asked for yet
+            # (the manager tells the scheduler what gathers gave every quarter second)
+            await wait_until(lambda: state.tasks[given.key].delivered, "the word", limit=5)
+            assert not state.tasks[kept.key].delivered
+            victim = rec.where["given"]
+            ref = cluster._provider.ref(victim)
+            assert ref is not None
+            ref.stop("simulated crash")
+            # The one not gathered yet runs again at once; the one gathered does not.
+            await wait_until(lambda: rec.order.count("kept") == 2, "kept made again", limit=10)
+            assert state.tasks[given.key].state == "released"
+            assert rec.order.count("given") == 1
+            assert await kept == "keptkept"
+            assert await given == "givengiven"  # made again now: its future still works
+            assert rec.order.count("given") == 2
+            assert state.tasks[given.key].state == "memory"
+
+
 # ----------------------------------------------------------------------------- policies
 
 

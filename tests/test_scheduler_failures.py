@@ -25,6 +25,7 @@ from actors.scheduler_events import (
     DropData,
     Event,
     Execute,
+    FileFacts,
     GraphSubmitted,
     KeyDone,
     KeyErred,
@@ -34,6 +35,8 @@ from actors.scheduler_events import (
     TasksFinished,
     TasksRunning,
     Tick,
+    ValuesDelivered,
+    WorkerAway,
     WorkerHeld,
     WorkerJoined,
     WorkerLeft,
@@ -64,6 +67,7 @@ from tests.helpers import (
     event,
     facts,
     finish,
+    finish_all,
     join,
     leave,
     make_state,
@@ -513,6 +517,106 @@ def test_an_unneeded_lost_output_without_dependents_is_forgotten(make_state: Fac
     cmds = leave(s, "w1")
     assert s.tasks == {}
     assert facts(cmds)["a"].state == "forgotten"
+
+
+def _given(make_state: Factory, *keys: Key) -> SchedulerState:
+    """``keys`` (independent tasks, each wanted) done on w1, and a gather gave their
+    values to the client (``ValuesDelivered``)."""
+    s = make_state()
+    join(s, "w1", cores=len(keys))
+    submit(s, {k: [] for k in keys}, keys)
+    finish_all(s, "w1", keys, nbytes=50)
+    assert run(s, event(ValuesDelivered, keys=keys)) == []
+    return s
+
+
+def test_a_lost_output_its_client_was_given_is_made_again_only_once_gathered(
+    make_state: Factory,
+) -> None:
+    # A user audit (slurmscale F1): the client printed a result, the block holding it
+    # was preempted, and the task ran again (40 s) for a value nobody asked for again.
+    s = _given(make_state, "a")
+    cmds = leave(s, "w1")
+    assert states(s) == {"a": "released"}  # kept for its future: not forgotten
+    assert [type(c) for c in cmds] == [FileFacts]  # nothing runs, no client is told
+    assert facts(cmds)["a"] == FileFact("a", "released", 50, (), 0, True)
+    assert ("a", "released", "lost-after-gather: made again when needed") in [
+        e[:3] for e in s.story("a")
+    ]
+    assert s.lost_held == {s.tasks["a"]: "w1"}
+    assert assigned(join(s, "w2")) == {}  # a worker is free: still nothing runs
+    assert s.storage.recoveries == {}
+
+    # The client awaits it again: the manager's gather found its worker gone.
+    cmds = run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False))
+    assert assigned(cmds) == {"w2": ["a"]}
+    assert facts(cmds)["a"] == FileFact("a", "pending", 50, (), 0, True)
+    assert s.lost_held == {} and s.storage.recoveries == {"recomputed": 1}
+    cmds = finish(s, "w2", "a", nbytes=50)
+    assert [(c.key, c.worker) for c in of(cmds, KeyDone)] == [("a", "w2")]
+
+
+def test_a_lost_output_its_client_was_given_is_made_again_for_a_task_reading_it(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a")
+    leave(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, {"b": ["a"]}, ["b"])  # a task submitted later reads it (dask's way)
+    assert assigned(cmds) == {"w2": ["a"]}
+    assert states(s) == {"a": "processing", "b": "waiting"}
+    assert s.storage.recoveries == {"recomputed": 1}
+    cmds = finish(s, "w2", "a")
+    assert [c.key for c in of(cmds, KeyDone)] == ["a"] and assigned(cmds) == {"w2": ["b"]}
+
+
+def test_a_lost_output_its_client_was_given_is_made_again_when_submitted_again(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a")
+    leave(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, {"a": []}, ["a"])  # a persist or compute naming it
+    assert assigned(cmds) == {"w2": ["a"]} and s.tasks["a"].wanted == 2
+
+
+def test_a_lost_output_its_client_was_given_and_then_released_is_forgotten(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a", "b")
+    leave(s, "w1")
+    join(s, "w2")
+    cmds = release(s, "a")
+    assert states(s) == {"b": "released"} and assigned(cmds) == {}
+    assert facts(cmds)["a"].state == "forgotten" and list(s.lost_held) == [s.tasks["b"]]
+
+
+def test_a_lost_output_a_client_was_not_given_yet_is_made_again_at_once(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", cores=2)
+    submit(s, {"a": [], "b": []}, ["a", "b"])
+    finish_all(s, "w1", ["a", "b"])
+    run(s, event(ValuesDelivered, keys=("a",)))  # a was gathered, b not yet
+    submit(s, {"a": []}, ["a"])  # then a second client came to want a
+    leave(s, "w1")
+    # Both will be asked for: both run again now, in parallel, not one by one as the
+    # client reaches them.
+    assert states(s) == {"a": "queued", "b": "queued"} and s.lost_held == {}
+    assert s.storage.recoveries == {"recomputed": 2}
+
+
+def test_a_gather_that_cannot_reach_a_holder_still_connected_keeps_its_copy(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a")
+    run(s, event(WorkerAway, worker="w1"))  # its connection dropped: within its grace
+    cmds = run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False))
+    assert cmds == [] and s.tasks["a"].who_has == {"w1"}
+    # The gather waits for the next word on a: once w1 is lost, a runs again at once.
+    leave(s, "w1")
+    assert states(s) == {"a": "queued"}
 
 
 def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
