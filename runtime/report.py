@@ -642,6 +642,15 @@ class _Run:
                 "SELECT time, key, worker, how FROM recoveries WHERE run_id = ?"
                 f"{self._during('time')} ORDER BY time", "recoveries",
             )  # fmt: skip
+            # Finished outputs lost with a worker and made again: how many, and the
+            # seconds of the ok try that made each again (its first after the recovery).
+            self.remade: tuple[int, float] = rows(
+                "SELECT COUNT(*), TOTAL((SELECT t.ended - COALESCE(t.started, t.sent) "
+                "FROM tries t WHERE t.run_id = r.run_id AND t.key = r.key AND "
+                "t.outcome = 'ok' AND COALESCE(t.started, t.sent) >= r.time "
+                "ORDER BY t.started LIMIT 1)) FROM recoveries r WHERE r.run_id = ? AND "
+                f"r.how = 'recomputed'{self._during('r.time')}", "outputs made again",
+            )[0]  # fmt: skip
             step(self._read_queues, "queue samples")
             self.alerts = rows(
                 "SELECT time, name, state, labels, value, active_since, fired_at, resolved_at "
@@ -1671,6 +1680,8 @@ def _lost_cost_tables(run: _Run) -> list[_Table]:
         line += f"; checkpoints: {saved} saved, {resumed} tries resumed from one, {lost} lost"
     else:
         line += "; this file does not record checkpoints (schema version 7 or older)"
+    n, remade = run.remade  # (lost with a worker of any cause: recoveries say none)
+    line += f"; finished outputs lost with a worker and made again: {n}, {remade:.1f} s run again"
     rows = [
         (cause, n, f"{ran:.1f}", unknown, *(("-",) * 3 if not known else (free, charged, none)))
         for cause, n, ran, unknown, free, charged, none in run.lost

@@ -234,8 +234,36 @@ def test_the_report_gives_the_work_preemption_lost_net_of_checkpoints(tmp_path: 
     assert (
         "4 tries lost, 88.0 s of work lost, 48.0 s net of checkpoints, 4 free retries, 0 "
         "charged, 0 not retried, 0 tasks moved; checkpoints: 3 saved, 2 tries resumed from "
-        "one, 1 lost"
+        "one, 1 lost; finished outputs lost with a worker and made again: 0, 0.0 s run again"
     ) in build_report(db)
+
+
+def test_the_preemption_cost_counts_the_finished_outputs_made_again(tmp_path: Path) -> None:
+    """A user audit (slurmscale F1): 110 s of finished tasks ran again after their
+    outputs went with preempted blocks, and "what preemption cost" left it out. Each
+    output made again counts the ok try that made it again (its first after the
+    recovery), not the one before it; a replica's recovery runs nothing."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 600.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome) VALUES ('run-1',?,?,?,?,?,?,?,?)",
+            [("sim-0", 1, "sim", "scav-1", t0, t0, t0 + 40, "ok"),
+             ("sim-0", 2, "sim", "scav-2", t0 + 59, t0 + 59.2, t0 + 99.2, "ok"),
+             ("sim-1", 1, "sim", "scav-1", t0, t0, t0 + 30, "ok"),
+             ("sim-1", 2, "sim", "scav-2", t0 + 59, None, t0 + 89, "ok"),
+             ("sim-2", 1, "sim", "scav-1", t0, t0, t0 + 20, "ok")],
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO recoveries VALUES ('run-1', ?, ?, 'sim', 'scav-3', ?)",
+            [(t0 + 56, "sim-0", "recomputed"), (t0 + 56, "sim-1", "recomputed"),
+             (t0 + 56, "sim-2", "replica")],
+        )  # fmt: skip
+    conn.close()
+    assert "finished outputs lost with a worker and made again: 2, 70.0 s run again" in (
+        build_report(db)
+    )
 
 
 @pytest.mark.parametrize("version", [6, 7])
