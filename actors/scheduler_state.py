@@ -4600,10 +4600,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self.disk_override.discard(pool)  # room again: the estimates rule
             elif pool in self.disk_override and (pick := self._past_pick(ts, cands)):
                 fits, past = [pick], True
-            elif keep and pool in self.disk_last_resort and (roomy := self._roomy(ts, cands, out)):
+            elif (
+                keep
+                and pool in self.disk_last_resort
+                and not self._pool_runs(pool)
+                and (roomy := self._roomy(ts, cands, out))
+            ):
                 # Nothing runs and nothing can be dropped: the room a producer keeps for
                 # its consumer's output is a preference, not a need. Its own output (firm
-                # or not) fits an idle worker: it runs there, the most disk left first.
+                # or not) fits an idle worker: it runs there, the most disk left first
+                # (one producer at a time: while one runs, the others wait for the next
+                # stall).
                 fits, past, relaxed = [self._most_disk_left(ts, roomy, out)], True, True
             elif (
                 pool in self.disk_last_resort

@@ -179,3 +179,40 @@ def test_the_expected_output_follows_the_latest_outputs_of_its_category(
     assert s._expected_output(ts) == (MB, SEEN_OUTPUT)  # 15 MiB left the window
     assert s.stats["stage"].max_nbytes == 15 * MB  # (the all-time largest, as told)
     assert s._expected_output(s.tasks["calibrate-99"])[0] == 15 * MB  # one fewer yet
+
+
+def test_the_last_resort_lets_one_producer_go_at_a_time_not_while_one_runs(
+    make_state: Factory,
+) -> None:
+    """Review 1207d F2: two lost producers (5 MiB declared each, a 4 MiB consumer each)
+    and two idle workers with 6 MiB free. At ``stall_timeout`` the room for a consumer
+    is let go for one producer only: its pool then runs something, so the other waits
+    (its story does not say that every worker ran nothing)."""
+    s = make_state(saturation=1.0, unknown_long=False)
+    for w in ("w1", "w2", "w3"):
+        join(s, w, disk=20 * MB)
+    cals = {"calibrate-0": [], "calibrate-1": []}
+    submit(s, cals, list(cals), attrs={k: disk(4 * MB) for k in cals})
+    wrote(s, "calibrate-0", 4 * MB)
+    wrote(s, "calibrate-1", 4 * MB)
+    disk_used(s, "w1", 14 * MB)  # 6 MiB free each
+    disk_used(s, "w2", 14 * MB)
+    table = {"stage-2": [], "calibrate-2": ["stage-2"], "stage-3": [], "calibrate-3": ["stage-3"]}
+    attrs = {"stage-2": disk(5 * MB), "stage-3": disk(5 * MB)}
+    submit(s, table, ["calibrate-2", "calibrate-3"], attrs=attrs)
+    for key in ("stage-2", "stage-3", "calibrate-2", "calibrate-3"):
+        if s.tasks[key].state == "processing":  # (on w3, the roomy one)
+            wrote(s, key, 4 * MB if key.startswith("calibrate") else 5 * MB)
+    files_released(s, "stage-2")
+    files_released(s, "stage-3")
+    leave(s, "w3", cause="killed")
+    assert s.tasks["stage-2"].state == s.tasks["stage-3"].state == "queued"
+    assert s.tasks["calibrate-2"].state == s.tasks["calibrate-3"].state == "waiting"
+    start = s._now
+    assert not assigned(tick(s, start + 9.9))
+    placed = assigned(tick(s, start + 10.0))
+    assert len(placed) == 1 and sum(map(len, placed.values())) == 1, placed
+    (first,) = (k for keys in placed.values() for k in keys)
+    other = "stage-3" if first == "stage-2" else "stage-2"
+    assert s.tasks[other].state == "queued"
+    assert lines(s, other, "without the room kept") == []
