@@ -225,115 +225,180 @@ class _Turn(NamedTuple):
 class _Job:
     """A submission, a release or a request that waits, in the intake: its turns, its
     client (``lane``; None: a request that waits for everything before it, and that
-    everything after it waits for), and the jobs that came before it that it waits for
-    (``after``: those, its own client's or another's, that bring or touch one of its
-    keys)."""
+    everything after it waits for), how many of the jobs that came before it it still
+    waits for (``waits``: those, its own client's or another's, that bring or touch one
+    of its keys, found through the latest job to touch each key: see
+    :meth:`_IntakeQueue.job`) and the later jobs that wait for it (``later``)."""
 
-    __slots__ = ("after", "done", "keyset", "lane", "turns")
+    __slots__ = ("before", "counts", "done", "lane", "later", "turns", "waits")
 
     def __init__(self, lane: str | None, turns: Iterable[_Turn]) -> None:
         self.lane = lane
         self.turns = deque(turns)
-        self.after: list[_Job] = []
+        self.before: list[_Job] = []  # (until it is added: whom it will wait for)
+        self.later: list[_Job] = []
+        self.waits = 0
         self.done = False
-        self.keyset: frozenset[Any] | None = None
+        #: key -> how many of its turns still to come bring or touch it
+        self.counts: dict[Any, int] | None = None
 
-    def keys(self) -> frozenset[Any]:
-        """The keys its turns still to come bring or touch (made once, when another
-        job is compared with it: it may grow no more, only shrink)."""
-        if self.keyset is None:
-            some: set[Any] = set()
+    def keys(self) -> Collection[Any]:
+        """The keys its turns still to come bring or touch."""
+        if self.counts is None:
+            self.counts = {}
             for t in self.turns:
-                if t.specs is not None:
-                    some.update(t.specs)
-                for keys in t.keys:
-                    some.update(keys)
-            self.keyset = frozenset(some)
-        return self.keyset
+                for key in _turn_keys(t):
+                    self.counts[key] = self.counts.get(key, 0) + 1
+        return self.counts.keys()
 
     def ready(self) -> bool:
-        """Whether every job it waits for is done (those done are let go)."""
-        if self.after:
-            self.after = [j for j in self.after if not j.done]
-        return not self.after
+        """Whether every job it waits for is done."""
+        return not self.waits
 
-    def clashes(self, other: _Job) -> bool:
-        """Whether this job must wait for ``other``, which came before it: either is a
-        request that waits for everything, or this one touches a key that ``other``
-        brings or touches (of the same client or not: a client's jobs that share no
-        key need no order, as the core keeps each submission apart by its run)."""
-        if self.lane is None or other.lane is None:
-            return True
-        mine, theirs = self.keys(), other.keys()
-        small, large = (mine, theirs) if len(mine) <= len(theirs) else (theirs, mine)
-        return not small.isdisjoint(large)
+
+def _turn_keys(turn: _Turn) -> set[Any]:
+    """The keys ``turn`` brings or touches."""
+    some: set[Any] = set(turn.specs) if turn.specs is not None else set()
+    for keys in turn.keys:
+        some.update(keys)
+    return some
 
 
 class _IntakeQueue:
     """What waits to be taken in, by client: each client's jobs in the order they came,
     the clients served one turn each in turn (round robin), and within a client its
     jobs that may go, one turn each in turn; a job goes once the jobs before it that
-    it waits for (:meth:`_Job.clashes`) are done. So a small graph goes in between the
-    pieces of a large one, of another client or of its own (a service's one client: a
-    request made during another request's large ``map``), while a job that touches
-    keys an earlier job brings (or reads, or lets go of) waits for that one, and a
-    cancel that must wait waits for everything before it."""
+    it waits for are done. So a small graph goes in between the pieces of a large one,
+    of another client or of its own (a service's one client: a request made during
+    another request's large ``map``), while a job that touches keys an earlier job
+    brings (or reads, or lets go of) waits for that one, and a cancel that must wait
+    waits for everything before it.
+
+    Each job waits only for the latest earlier job to touch each of its keys (that one
+    waits for the one before it, and so on) and for the latest request that waits for
+    everything: adding a job costs its keys, a turn costs its keys, and a job that
+    becomes ready goes to the end of its client's jobs that may go (none is looked at
+    while it waits)."""
 
     def __init__(self) -> None:
-        #: client -> its jobs, in the order they are served next (a job served goes to
-        #: the end of its client's); the clients in the order they are served next (a
-        #: client served goes to the end)
+        #: client -> its jobs that may go, in the order they are served next (a job
+        #: served goes to the end of its client's); the clients with jobs waiting, in
+        #: the order they are served next (a client served goes to the end)
         self.lanes: dict[str | None, deque[_Job]] = {}
+        #: the jobs waiting, in the order they came; by client, how many
+        self.pending: dict[_Job, None] = {}
+        self.sizes: dict[str | None, int] = {}
+        #: key -> the latest job waiting whose turns still to come bring or touch it
+        self.last: dict[Any, _Job] = {}
+        #: the latest request waiting that waits for everything (lane None)
+        self.barrier: _Job | None = None
 
     def __len__(self) -> int:
         """The turns still to take."""
-        return sum(len(j.turns) for jobs in self.lanes.values() for j in jobs)
+        return sum(len(j.turns) for j in self.pending)
 
     def __bool__(self) -> bool:
-        return bool(self.lanes)
+        return bool(self.pending)
 
     def jobs(self) -> Iterator[_Job]:
-        for jobs in self.lanes.values():
-            yield from jobs
+        return iter(self.pending)
 
     def turns(self) -> Iterator[_Turn]:
         for job in self.jobs():
             yield from job.turns
 
     def job(self, lane: str | None, turns: Iterable[_Turn]) -> _Job:
-        """A job of ``lane``, with the jobs now waiting that it must wait for."""
+        """A job of ``lane``, with the jobs now waiting that it must wait for (every
+        one for a request that waits for everything; else the latest to touch each of
+        its keys, and the latest request that waits for everything)."""
         job = _Job(lane, turns)
-        job.after.extend(j for j in self.jobs() if job.clashes(j))
+        if lane is None:
+            job.before = list(self.pending)
+        else:
+            last = self.last
+            before = {last[k]: None for k in job.keys() if k in last}  # noqa: SIM118
+            if self.barrier is not None:
+                before[self.barrier] = None
+            job.before = list(before)
+        job.waits = len(job.before)
         return job
 
     def add(self, job: _Job) -> None:
-        if job.turns:
-            self.lanes.setdefault(job.lane, deque()).append(job)
+        if not job.turns:
+            return
+        for earlier in job.before:
+            earlier.later.append(job)
+        job.before = []
+        self.pending[job] = None
+        if job.lane is None:
+            self.barrier = job
+        else:
+            self.last.update(dict.fromkeys(job.keys(), job))
+        jobs = self.lanes.setdefault(job.lane, deque())
+        self.sizes[job.lane] = self.sizes.get(job.lane, 0) + 1
+        if not job.waits:
+            jobs.append(job)
 
     def pop(self, job: _Job | None = None) -> _Turn | None:
         """The next turn: of the first client in turn that has a job that may go, its
         first such job's (``job``'s, when given, if it may go); None if none may."""
         if job is None:
-            job = next((j for jobs in self.lanes.values() for j in jobs if j.ready()), None)
+            job = next((jobs[0] for jobs in self.lanes.values() if jobs), None)
             if job is None:
                 return None
-        elif job.done or not job.ready():
+        elif job.done or job.waits:
             return None
         name = job.lane
         jobs = self.lanes[name]
         turn = job.turns.popleft()
         if jobs[0] is job:  # (O(1) while its client has one job under way)
             jobs.popleft()
+        elif jobs[-1] is job:  # (a job just added)
+            jobs.pop()
         else:
             jobs.remove(job)
+        self._taken(job, turn)
         if job.turns:  # (to the end: its client's other jobs go first)
             jobs.append(job)
         else:
-            job.done, job.keyset = True, None
+            self._done(job)
         del self.lanes[name]
-        if jobs:  # (to the end: the others go first)
+        if self.sizes[name]:  # (to the end: the others go first)
             self.lanes[name] = jobs
+        else:
+            del self.sizes[name]
         return turn
+
+    def _taken(self, job: _Job, turn: _Turn) -> None:
+        """``job``'s ``turn`` is taken: the keys only it brought or touched are no
+        longer the job's."""
+        if job.counts is None:
+            return
+        counts, last = job.counts, self.last
+        for key in _turn_keys(turn):
+            left = counts.get(key, 0) - 1
+            if left > 0:
+                counts[key] = left
+                continue
+            counts.pop(key, None)
+            if last.get(key) is job:
+                del last[key]
+
+    def _done(self, job: _Job) -> None:
+        """``job`` has no turn left: the jobs that waited only for it may go."""
+        job.done = True
+        del self.pending[job]
+        self.sizes[job.lane] -= 1
+        if self.barrier is job:
+            self.barrier = None
+        for key in job.counts or ():  # (none left: each went with its last turn)
+            if self.last.get(key) is job:
+                del self.last[key]
+        for later in job.later:
+            later.waits -= 1
+            if not later.waits:
+                self.lanes[later.lane].append(later)
+        job.later = []
 
 
 @message(local=True)

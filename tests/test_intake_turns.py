@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 import runtime.graph
-from actors.scheduler import Scheduler
+from actors.scheduler import Scheduler, _IntakeQueue, _Job, _Turn
 from actors.scheduler_events import Execute, GraphSubmitted
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
@@ -98,6 +98,63 @@ def test_one_clients_submissions_keep_their_generations_when_their_pieces_interl
     assert sorted(state.tasks[k].turn for k in big) == sorted(s.order for s in specs.values())
     assert min(state.tasks[k].turn for k in small) > first  # after what was in before it
     assert not state._open  # both submissions are in
+
+
+# -- the shell's queue --------------------------------------------------------------------
+
+
+def counted(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
+    """Calls of ``_Job``'s methods ``names`` (each a look at a job), as they happen."""
+    calls: list[str] = []
+    for name in names:
+        method = getattr(_Job, name)
+
+        def wrapper(self: _Job, *args: Any, _m: Any = method, _n: str = name) -> Any:
+            calls.append(_n)
+            return _m(self, *args)
+
+        monkeypatch.setattr(_Job, name, wrapper)
+    return calls
+
+
+def test_one_clients_waiting_jobs_cost_the_queue_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 1207d F1: one client's large graph (its first piece taken), then N small
+    jobs of the same client that each read a key of its last piece. Each waits for the
+    graph; once it is in, they go in the order they came. The queue looks at a job a
+    bounded number of times per job added and per turn: O(N) in all (it compared each
+    new job with every waiting one and walked every waiting job per turn: O(N^2))."""
+
+    def apply(stimulus: str) -> None:
+        pass
+
+    def load(n: int) -> tuple[list[_Turn], int]:
+        q = _IntakeQueue()
+        big = [_Turn(apply, f"big-{p}", specs=dict.fromkeys([("big", p)])) for p in range(5)]
+        q.add(q.job("c", big))
+        assert q.pop() is big[0]
+        calls = counted(monkeypatch, "keys", "ready")
+        for j in range(n):
+            small = _Turn(apply, f"small-{j}", specs={("small", j): None}, keys=({("big", 4)},))
+            job = q.job("c", [small])
+            q.add(job)
+            assert not job.ready()
+        taken = []
+        while (turn := q.pop()) is not None:
+            taken.append(turn)
+        assert not q
+        assert [t.stimulus for t in taken] == [
+            *(f"big-{p}" for p in range(1, 5)),
+            *(f"small-{j}" for j in range(n)),
+        ]
+        monkeypatch.undo()
+        return taken, len(calls)
+
+    _, looks_100 = load(100)
+    _, looks_400 = load(400)
+    assert looks_400 <= 4 * 400 + 20, looks_400  # a few looks per job, not one per pair
+    assert looks_400 <= 5 * looks_100, (looks_100, looks_400)
 
 
 # -- the scheduler -----------------------------------------------------------------------
