@@ -909,6 +909,8 @@ class Manager(Actor):
         for wid, keys in msg.not_on:
             self._scheduler().post(DataMissing(wid, keys))
         for wid, keys in msg.unreached:  # lost with it, maybe: made again if so
+            for key in keys:  # an earlier gather's word, not sent yet, is out of date
+                self._delivered.pop(key, None)
             self._scheduler().post(DataMissing(wid, keys, reached=False))
         for key, upd in msg.lost:
             ks = self.keys.get(key)

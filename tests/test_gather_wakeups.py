@@ -21,11 +21,20 @@ import anyio
 import pytest
 
 import runtime.client
+from actors.manager import Manager, _Gathered, _SendDelivered
 from actors.scheduler_events import KeyDone
 from runtime import Cluster
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, handles
-from runtime.messages import DataReply, GatherRequest, GetData, KeyUpdates, StatusRequest
+from runtime.messages import (
+    DataDelivered,
+    DataMissing,
+    DataReply,
+    GatherRequest,
+    GetData,
+    KeyUpdates,
+    StatusRequest,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +262,26 @@ async def test_an_unreachable_key_made_again_is_gathered_at_once(
                 await scheduler_says(cluster, done("fake-2"))
             assert got == [3]
             assert (old.requests, new.requests) == (1, 1)
+
+
+class _Posts:
+    """Plays the scheduler's reference: keeps what is posted to it, in order."""
+
+    def __init__(self) -> None:
+        self.posted: list[Any] = []
+
+    def post(self, msg: Any) -> None:
+        self.posted.append(msg)
+
+
+async def test_a_gather_that_cannot_reach_a_holder_takes_back_an_earlier_gather_s_word() -> None:
+    # Review 1207e F1: gathers' word of the values they gave goes every quarter second.
+    # A later gather that could not reach x's holder (its client has no value, and
+    # waits for the scheduler's next word) must not be followed by the word that x was
+    # given, or the scheduler takes x for delivered and lets it go unmade if it is lost.
+    scheduler = _Posts()
+    manager = Manager(lambda: scheduler, lambda: None, lambda: None, lambda name: None)  # type: ignore[arg-type,return-value]
+    manager._delivered = dict.fromkeys(["x", "y"])  # given by earlier gathers, not told yet
+    manager.gathered(_Gathered((), (), (("w1", ("x",)),)))
+    manager.send_delivered(_SendDelivered())
+    assert scheduler.posted == [DataMissing("w1", ("x",), reached=False), DataDelivered(("y",))]
