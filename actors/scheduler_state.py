@@ -856,6 +856,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: with: ``released`` and still wanted, made again only once something needs
         #: one (a task reading it, a gather of it, a submission naming it: ``_recompute``)
         self.lost_held: dict[TaskState, str] = {}
+        #: outputs in memory, still wanted, that a gather could not reach on their
+        #: holder (``ReplicasMissing`` with ``reached`` false: it is away), with that
+        #: worker: the manager forgot its word on each, and the gathering client waits
+        #: for the next one. Not ``delivered`` meanwhile, whatever word of an earlier
+        #: gather comes (lost, it is made again at once); told again (``KeyDone``) once
+        #: a connected worker holds it (``_held_again``: its holder back, or a copy)
+        self.unreached: dict[TaskState, str] = {}
         #: the cluster stops on purpose (:class:`ClusterStops`): its tasks ended, and a
         #: worker that goes now takes nothing anyone will read
         self.stopping = False
@@ -1587,7 +1594,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ts.state == "memory":
             holder = next(iter(ts.who_has), None)  # (none: gone with the run's stop)
             if holder is not None:
-                self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
+                self._key_done(ts, holder)
         elif ts.state in ("erred", "cancelled"):
             self._notify_failed(ts)
         elif ts.state == "released":
@@ -1680,7 +1687,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         released or forgotten are junk (their DropKeys was lost): dropped. So are those
         of tasks waiting or running elsewhere: a worker declared lost that joins again
         as new kept its earlier outputs (its files count on its disk), which are being
-        made again. Outputs of tasks in memory elsewhere become replicas."""
+        made again. Outputs of tasks in memory elsewhere become replicas. One a gather
+        could not reach here meanwhile (``unreached``) is told again (``KeyDone``)."""
         ws = self.workers.get(ev.worker)
         if ws is None:
             return
@@ -1715,6 +1723,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             elif out.state == "memory":
                 if ws.id not in out.who_has:
                     self._add_replica(out, ws)
+                elif self.unreached:  # back: a gather that could not reach it waits
+                    self._held_again(out, ws)
             elif not self._expected_on(out, ws.id):
                 # Kept from before it was declared lost (it joined again as new): the
                 # task is being made again; its own report settles one running here.
@@ -1889,8 +1899,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             elif ts.wanted and ts.state == "memory":
                 # Still held elsewhere (a replica, an evacuated copy): clients that were
                 # told it is here learn where it is now.
-                holder = min(ts.who_has)
-                self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
+                self._key_done(ts, min(ts.who_has))
         ws.has_what.clear()
         self.held_bytes.pop(ws.id, None)
         self.storage.forget(ws.id)
@@ -2220,6 +2229,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if ts.wanted == 0:
                 if self.lost_held:
                     self.lost_held.pop(ts, None)  # (a released task like any other now)
+                if self.unreached:
+                    self.unreached.pop(ts, None)  # (no client waits for its word)
                 if ts.state in ACTIVE and ts.consumers == 0:
                     self._cancel(ts, "no longer wanted", unneeded=True)
                 self._maybe_forget(ts)
@@ -2802,6 +2813,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if self._depth > 1:
                 self._upstream_changed(ts)
         ts.state = finish
+        if start == "memory" and self.unreached:
+            self.unreached.pop(ts, None)  # (made again, or let go: its word comes then)
         if wave:
             if start == "waiting":
                 ts.retry_at = 0.0  # (a retry held for its backoff is held no more)
@@ -3277,7 +3290,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 if self._stays_with_its_data(dep, ws):
                     self._assign(dep, ws)
         if ts.wanted:
-            self._out.append(KeyDone(self._stimulus, ts.key, ws.id, ts.nbytes))
+            self._key_done(ts, ws.id)
 
     def _inputs_missing(self, ts: TaskState, res: TaskResult, wid: str) -> None:
         """``ts`` could not get inputs on ``wid``: forget those replicas (making the
@@ -3339,7 +3352,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _replicas_missing(self, ev: ReplicasMissing) -> None:
         """A gather did not find these outputs on ``ev.worker`` (``reached`` false: it
-        could not reach it, gone or away, whose replicas then stand): each is needed."""
+        could not reach it, gone or away, whose replicas then stand): each is needed.
+        The manager forgot its word on each: one still in memory is told again at once
+        if another worker holds it, connected, else once one does (``unreached``): its
+        holder back (it may not be away yet here, the drop's word still on its way, and
+        a word now would only send the client back to it, until it gives up)."""
         for key in ev.keys:
             ts = self.tasks.get(key)
             if ts is None:
@@ -3347,15 +3364,36 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ts.delivered = False  # its client asks for it again: it does not have it
             if ev.reached:
                 self._not_on(key, ev.worker)  # (the last replica: made again at once)
+            elif ts.state == "memory" and ts.wanted and ts.who_has:
+                live = [w for w in ts.who_has if w != ev.worker and self.workers[w].away is None]
+                if live:
+                    self._key_done(ts, min(live))
+                else:
+                    self.unreached[ts] = ev.worker
             if ts in self.lost_held:  # lost already
                 self._recompute(ts)
 
     def _values_delivered(self, ev: ValuesDelivered) -> None:
-        """Gathers gave these outputs' values to clients."""
+        """Gathers gave these outputs' values to clients; but not to the client whose
+        gather of one could not reach its holder since (``unreached``): that word was
+        sent before, it came after."""
         for key in ev.keys:
             ts = self.tasks.get(key)
-            if ts is not None and ts.state == "memory":
+            if ts is not None and ts.state == "memory" and ts not in self.unreached:
                 ts.delivered = True
+
+    def _key_done(self, ts: TaskState, holder: str) -> None:
+        """Tell ``ts``'s clients its output is on ``holder`` (``KeyDone``): a gather
+        that could not reach it (``unreached``) waits for this word no more."""
+        if self.unreached:
+            self.unreached.pop(ts, None)
+        self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
+
+    def _held_again(self, ts: TaskState, ws: WorkerState) -> None:
+        """``ws`` holds ``ts``'s output: if it is connected and a gather could not
+        reach the output's holder before (``unreached``), its clients are told."""
+        if ts in self.unreached and ws.away is None:
+            self._key_done(ts, ws.id)
 
     def _back_to_ready(self, ts: TaskState) -> None:
         """A processing task returns to waiting or queued, by its inputs' states."""
@@ -3736,7 +3774,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _output_lost(self, ts: TaskState, wid: str) -> None:
         """The last replica of ``ts``'s output is gone (last held by ``wid``). Made
         again at once if a task reads it, or a client wants it that was not given its
-        value yet; one that only clients hold that were given it is made again once
+        value yet (also one whose gather could not reach it: ``unreached``, never
+        ``delivered``); one that only clients hold that were given it is made again once
         something needs it (``lost_held``)."""
         self._log(ts.key, "memory", "lost")
         self.copy_failed.pop(ts, None)
@@ -3821,6 +3860,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ws.has_what.add(ts)
             self.held_bytes[ws.id] = self.held_bytes.get(ws.id, 0) + ts.nbytes
         self._files[ts.key] = ts
+        if self.unreached:
+            self._held_again(ts, ws)
 
     def _unheld(self, ts: TaskState, ws: WorkerState) -> None:
         """``ws`` no longer holds ``ts``'s output (``who_has`` is the caller's)."""
@@ -5921,6 +5962,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             lost_held = ts.state == "released" and ts.wanted > 0
             assert lost_held == (ts in self.lost_held), (ts, "lost_held", lost_held)
         assert all(self.tasks.get(t.key) is t for t in self.lost_held), "lost_held forgotten"
+        for t in self.unreached:  # in memory, wanted, its word due: never delivered
+            assert self.tasks.get(t.key) is t, (t, "unreached forgotten")
+            assert t.state == "memory" and t.wanted and not t.delivered, (t, "unreached")
         wave = {
             ts
             for ts in self.tasks.values()

@@ -619,6 +619,79 @@ def test_a_gather_that_cannot_reach_a_holder_still_connected_keeps_its_copy(
     assert states(s) == {"a": "queued"}
 
 
+def test_an_earlier_gathers_word_does_not_keep_an_unreached_output_from_running_again(
+    make_state: Factory,
+) -> None:
+    # Review 1207e F1: a gather gave a's value (its word is sent up to a quarter second
+    # later); w1's connection dropped; a second gather could not reach it, so the
+    # manager forgot its word on a and that client waits for the next one. The first
+    # gather's word, come late, must not make a "given": w1 lost, a runs again at once.
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish_all(s, "w1", ["a"], nbytes=50)
+    run(s, event(WorkerAway, worker="w1"))
+    assert run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False)) == []
+    assert run(s, event(ValuesDelivered, keys=("a",))) == []  # the earlier gather's word
+    assert not s.tasks["a"].delivered
+    join(s, "w2")
+    cmds = leave(s, "w1")
+    assert assigned(cmds) == {"w2": ["a"]} and s.lost_held == {}
+    assert s.storage.recoveries == {"recomputed": 1}
+    cmds = finish(s, "w2", "a", nbytes=50)
+    assert [(c.key, c.worker) for c in of(cmds, KeyDone)] == [("a", "w2")]
+    assert s.unreached == {}
+
+
+def test_an_output_a_gather_could_not_reach_is_told_again_when_its_holder_rejoins(
+    make_state: Factory,
+) -> None:
+    # Review 1207e F2: the gather's client waits for the scheduler's next word on a;
+    # w1 comes back within its grace holding it: that word is where a is.
+    s = _given(make_state, "a")
+    run(s, event(WorkerAway, worker="w1"))
+    assert run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False)) == []
+    cmds = join(s, "w1")  # back within its grace
+    assert of(cmds, KeyDone) == []  # (not before it says what it holds)
+    cmds = held(s, "w1", a=50)
+    assert [(c.key, c.worker, c.nbytes) for c in of(cmds, KeyDone)] == [("a", "w1", 50)]
+    assert s.unreached == {} and states(s) == {"a": "memory"}
+    # Told once: a later rejoin says nothing more.
+    run(s, event(WorkerAway, worker="w1"))
+    join(s, "w1")
+    assert of(held(s, "w1", a=50), KeyDone) == []
+
+
+def test_an_output_a_gather_could_not_reach_is_told_at_once_on_a_connected_holder(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", pool="p1")
+    join(s, "w2", pool="p2")
+    submit(s, {"a": [], "b": ["a"]}, ["a", "b"], attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}})
+    finish(s, "w1", "a", nbytes=50)
+    run(s, event(WorkerAway, worker="w1"))
+    assert run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False)) == []
+    # w2 copies a from w1 (peers still reach it) to run b: the word is where it is now.
+    cmds = finish(s, "w2", "b", fetched=("a",))
+    assert [(c.key, c.worker) for c in of(cmds, KeyDone)] == [("a", "w2"), ("b", "w2")]
+    assert s.unreached == {}
+    # A gather that cannot reach w1 again is told of w2's copy at once.
+    cmds = run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False))
+    assert [(c.key, c.worker, c.nbytes) for c in of(cmds, KeyDone)] == [("a", "w2", 50)]
+    assert s.unreached == {} and s.tasks["a"].who_has == {"w1", "w2"}
+
+
+def test_an_output_a_gather_could_not_reach_no_client_wants_is_let_go(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a")
+    run(s, event(WorkerAway, worker="w1"))
+    run(s, event(ReplicasMissing, worker="w1", keys=("a",), reached=False))
+    release(s, "a")  # (in memory until the registry drops it)
+    assert s.unreached == {} and not s.tasks["a"].wanted
+
+
 def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
     make_state: Factory,
 ) -> None:
