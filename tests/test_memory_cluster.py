@@ -178,7 +178,10 @@ def test_get_data_requests_are_cut_by_size() -> None:
         (["--memory-options", "[1]"], "--memory-options must be a JSON object"),
         (["--throttle", "0.99", "--terminate", "0.9"], "terminate must be above throttle"),
         (["--spill", "0.9", "--throttle", "0.7"], "spill (0.9) is above throttle (0.7)"),
-        (["--memory=-5MB"], "--memory must be >= 0 (0: the machine's memory), got '-5MB'"),
+        (
+            ["--memory=-5MB"],
+            "--memory must be >= 0 (0: the default, the machine's memory or less), got '-5MB'",
+        ),
         # A size without its unit (MiB meant) was taken as bytes: every producer stalled.
         (["--memory", "512"], "--memory 512 is 512 bytes; did you mean 512MiB? A worker's"),
         (["--memory", "1.5"], "--memory 1.5 is 1 byte; did you mean 1.5GiB?"),

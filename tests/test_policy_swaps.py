@@ -6,6 +6,7 @@ keeps of the policy in force now. Pure cores fed events; a hosted manager on
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ __all__ = ["make_state"]
 LIMIT = 20
 
 
-@policies.register("priority", "test-swaps-raises")
 class Raises:
     name = "test-swaps-raises"
 
@@ -37,10 +37,20 @@ class Raises:
         raise KeyError("night")
 
 
-@policies.register("scaling", "test-swaps-three")
 class Three:
     def desired(self, pool: PoolView) -> int:
         return 3
+
+
+@pytest.fixture(autouse=True)
+def _registered() -> Iterator[None]:
+    """The two policies above, registered for this module's tests only: the registry is
+    the process's, and other modules' tests list the built-in names of a kind."""
+    policies.register("priority", "test-swaps-raises")(Raises)
+    policies.register("scaling", "test-swaps-three")(Three)
+    yield
+    for kind, name in (("priority", "test-swaps-raises"), ("scaling", "test-swaps-three")):
+        REGISTRY._factories[kind].pop(name, None)
 
 
 def test_the_core_keeps_the_problem_of_the_policy_in_force_only(make_state: Factory) -> None:

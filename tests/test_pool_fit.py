@@ -281,12 +281,14 @@ async def test_a_default_retry_policy_set_again_keeps_the_pools_fallback() -> No
     with anyio.fail_after(30):
         async with Cluster(pools=pools) as cluster:
             await cluster.wait_for_workers(1)
-            kept = {"fallback": "{'cpu': 'big'}", "max_lost": "3"}
+            kept = {"fallback": {"cpu": "big"}, "max_lost": 3}
             info = await cluster.set_policy("retry", "default", max_lost=3)
             assert (info.name, info.params) == ("default", kept)
-            assert (await cluster.status())["policy_params"]["retry"] == kept
+            # (the status gives each as its repr)
+            said = {"fallback": "{'cpu': 'big'}", "max_lost": "3"}
+            assert (await cluster.status())["policy_params"]["retry"] == said
             info = await cluster.set_policy("retry", "default", fallback={})
-            assert info.params == {"fallback": "{}"}
+            assert info.params == {"fallback": {}}
             info = await cluster.set_policy("retry", "never")
             assert info.params == {}
             assert await cluster.submit(operator.add, 1, 2, pool="cpu") == 3

@@ -298,7 +298,7 @@ async def test_a_cluster_backs_off_between_tries_of_a_flaky_read() -> None:
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
             info = await cluster.set_policy("retry", "default", backoff=0.5)
-            assert info.params == {"backoff": "0.5"}
+            assert info.params == {"backoff": 0.5}
             fut = cluster.submit(flaky_read, "run-42.root", retries=2)
             seen_held = 0
             while not fut.done():  # bounded by fail_after; each look is one ask
