@@ -316,6 +316,7 @@ async def test_closing_a_cluster_copies_no_output_between_its_worker_processes()
     other; none copies an output to the other, nor is one computed again there."""
     with anyio.fail_after(LIMIT):
         async with Cluster(processes=2, port=52010, memory_per_worker="400MiB") as c:
+            await c.wait_for_workers(2)  # (round robin over both: not before the 2nd joins)
             await c.set_policy("placement", "round-robin")
             futures = c.map(mebibyte, range(4))
             await c.gather(futures)
