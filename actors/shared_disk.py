@@ -32,7 +32,28 @@ from actors.scheduler_events import DiskShared, HostOvercommitted
 from runtime.errors import size_text
 from runtime.messages import WorkerInfo
 
-__all__ = ["DiskShares", "disk_claim", "disk_key", "disk_shared_text", "shared_disk_text"]
+__all__ = [
+    "DISK_MARGIN", "DiskShares", "disk_claim", "disk_key", "disk_margin", "disk_shared_text",
+    "free_share", "shared_disk_text",
+]  # fmt: skip
+
+#: the most of its file system's free space a worker leaves unused when it measures
+#: its disk (no ``--disk``): a tenth of the free space, at most this
+DISK_MARGIN = 2**30
+
+
+def disk_margin(free: int) -> int:
+    """What a worker measuring ``free`` bytes of free space leaves unused: a tenth of
+    it, at most ``DISK_MARGIN``."""
+    return min(DISK_MARGIN, free // 10)
+
+
+def free_share(free: int, workers: int = 1) -> int:
+    """One of ``workers`` workers' even share (bytes, at least 1) of ``free`` bytes of
+    free space less the margin: the disk a worker without ``--disk`` offers (with
+    ``--disk-share N``, one of N)."""
+    return max(1, (free - disk_margin(free)) // max(1, workers))
+
 
 _SEP = " dev "  #: between the host and the device in a key
 
@@ -167,7 +188,9 @@ class DiskShares:
                 claim = min(m.disk, m.fs_free) if m.fs_free > 0 else m.disk
                 given[key] = max(given.get(key, 0), claim)
         processes = len({m.process or ("worker", w) for w, m in auto.items()})
-        budget = max(m.disk for m in auto.values())
+        # the free space less the margin, as one measured it; a worker that took a
+        # share of it (--disk-share: a local pool's) has less of its own
+        budget = max(max(m.disk, free_share(m.fs_free)) for m in auto.values())
         explicit = sum(given.values())
         each = max(1, (budget - explicit) // processes)
         shares = tuple((w, max(1, min(m.disk, each))) for w, m in sorted(auto.items()))

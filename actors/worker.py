@@ -66,6 +66,7 @@ from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, run_call
 from actors.host import host_cpus, memory_limit
 from actors.protocol import TaskResult, ToRun
+from actors.shared_disk import disk_margin, free_share
 from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
 from actors.worker_state import WorkerState
@@ -122,9 +123,6 @@ from runtime.remote import check_run_timeout, run_failure
 
 __all__ = ["Executor", "ForgetWork", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"]
 
-#: the most of its file system's free space a worker leaves unused when it measures
-#: its disk (no ``--disk``): a tenth of the free space, at most this
-DISK_MARGIN = 2**30
 #: less than this left over the margin (no ``--disk``): the worker says at start that
 #: its output directory has no room (DISK_FULL_AT_START)
 NO_ROOM = 2**20
@@ -172,11 +170,9 @@ def disk_free(directory: str) -> int:
 def disk_share(directory: str, workers: int) -> int:
     """One of ``workers`` worker processes' even share (bytes, at least 1) of the free
     space of the file system holding ``directory``, less the safety margin a worker
-    keeps (a tenth of it, at most ``DISK_MARGIN``), measured now: the ``--disk`` of
-    worker processes that keep their outputs on one file system and are given none, so
-    their budgets add up to no more than it has (docs/files.md)."""
-    free = disk_free(directory)
-    return max(1, (free - min(DISK_MARGIN, free // 10)) // max(1, workers))
+    keeps, measured now: what each worker process of ``Cluster(processes=N)`` and of
+    the local pools takes without ``--disk`` (``--disk-share N``, docs/files.md)."""
+    return free_share(disk_free(directory), workers)
 
 
 @message(local=True)
@@ -341,6 +337,9 @@ class Worker(Actor):
     memory is governed by
     (default: the RSS of this process and its task processes). ``block``: the block it
     belongs to ("": unknown), which its :class:`WorkerInfo` tells the scheduler.
+    ``disk`` is the disk it offers for outputs (bytes; 0: the free space of its output
+    directory's file system less a margin, or with ``disk_share`` N, one of N workers
+    there, 1/N of that; None: not counted).
     """
 
     def __init__(
@@ -352,6 +351,7 @@ class Worker(Actor):
         nthreads: int = 1,
         memory: int = 0,
         disk: int | None = 0,
+        disk_share: int = 1,
         pool: str = "default",
         fetch_timeout: float = 30.0,
         register: bool = True,
@@ -380,6 +380,8 @@ class Worker(Actor):
         self.memory = memory or memory_limit(machine=host_identity()[1]).limit
         if disk is not None and disk < 0:
             raise ValueError(f"disk must be >= 0 bytes (or None: not counted), got {disk}")
+        if disk_share < 1:
+            raise ValueError(f"disk_share must be a whole number >= 1, got {disk_share}")
         self.pool = pool
         self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
         self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
@@ -402,8 +404,9 @@ class Worker(Actor):
         #: ``disk`` is None (not counted: the scheduler places as if it had no limit)
         self.disk_dir = cfg.spill_dir or tempfile.gettempdir()
         free = disk_free(self.disk_dir) if disk is not None else 0
-        self.disk_margin = min(DISK_MARGIN, free // 10)
-        self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
+        self.disk_margin = disk_margin(free)
+        #: with ``disk_share`` N (one of N workers there): 1/N of that
+        self.disk = 0 if disk is None else disk or free_share(free, disk_share)
         #: its file system had no room at start (no ``--disk``): said once at start
         self.disk_full_at_start = disk == 0 and free - self.disk_margin < NO_ROOM
         #: no ``--disk`` given: the scheduler shares its file system's free space among

@@ -565,6 +565,15 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "default: the free space of its spill directory's file system less a tenth (at most "
         "1 GiB); off: not counted (no disk-aware placement for it)",
     )
+    wrk.add_argument(
+        "--disk-share",
+        type=int,
+        default=1,
+        metavar="N",
+        help="without --disk: offer 1/N of that free space, as one of N workers keeping their "
+        "outputs there (local pools pass it; default: 1); the scheduler may give it less while "
+        "other workers without --disk keep theirs there too",
+    )
     fence = "fraction of --memory"
     wrk.add_argument(
         "--spill", default=None, metavar="F", help=f"spill fence, {fence}, or 'off' (0.6)"
@@ -1237,6 +1246,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.memory = str(found.limit)
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
+    if args.disk_share < 1:
+        raise ValueError(
+            f"--disk-share must be a whole number >= 1 (the workers keeping their outputs on "
+            f"this file system), got {args.disk_share}"
+        )
     from runtime.node import check_worker_pool
 
     check_worker_pool(args.pool, "--pool", "--pool gpu")
@@ -1333,6 +1347,7 @@ def _run_worker(
                 cores=args.cores,
                 memory=parse_bytes(args.memory),
                 disk=None if args.disk == "off" else parse_bytes(args.disk),
+                disk_share=args.disk_share,
                 pool=args.pool,
                 host=args.host,
                 port=args.peer_port,

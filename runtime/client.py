@@ -2058,8 +2058,9 @@ class Cluster:
         ``disk_per_worker``, or by default 0 (each worker measures its file system's
         free space, less a margin, when it starts), except for ``processes=N`` worker
         processes, which share the free space of the file system holding their spill
-        directory evenly, as they share the machine's memory: each gets a ``1/N`` share
-        of it less the margin, measured now (docs/files.md)."""
+        directory evenly, as they share the machine's memory: each takes a ``1/N`` share
+        of it less the margin (``--disk-share N``), about this, measured now, when it
+        starts (docs/files.md)."""
         if self.disk_per_worker or not self.processes:
             return self.disk_per_worker
         from actors.worker import disk_share
@@ -2485,7 +2486,7 @@ class Cluster:
                     memory=memory,
                     pool=self.pool,
                     memory_options=self.memory_options,
-                    disk=self.worker_disk(),
+                    disk=self.disk_per_worker,
                     worker_timeout=self.worker_timeout,
                 )
             await self._finish_start(system, plane)

@@ -858,7 +858,8 @@ async def start_local_processes(
     :func:`serve_local_gateway`) and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
     never outliving this process however it ends). Returns the gateway's address.
-    ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off).
+    ``disk``: each worker's ``--disk`` (0: an ``n``th of its file system's free space,
+    ``--disk-share``, measured by the worker; ``DISK_OFF``: off).
     ``worker_timeout``: the gateway's (:func:`serve_gateway`)."""
 
     from actors.processes import LocalProcessProvider
@@ -868,7 +869,7 @@ async def start_local_processes(
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
-        return worker_argv(address, threads, memory, pool, memory_options, disk=disk)
+        return worker_argv(address, threads, memory, pool, memory_options, disk=disk, disk_share=n)
 
     provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.worker})
     await plane.system.start_service(provider.run)
@@ -886,11 +887,15 @@ def worker_argv(
     deadline: float | None = None,
     disk: int = 0,
     share: int = 1,
+    disk_share: int = 1,
 ) -> list[str]:
     """The command line of a worker process joining ``address`` (``disk`` 0: no
     ``--disk``, the worker measures its disk; ``DISK_OFF``: ``--disk off``). With
     ``memory`` 0 and ``share`` N > 1, ``--memory-share N``: the worker takes an Nth of
-    its machine's memory, one of N workers there."""
+    its machine's memory, one of N workers there. With ``disk`` 0 and ``disk_share`` N
+    > 1, ``--disk-share N``: an Nth of its file system's free space, one of N workers
+    keeping their outputs there, a share the scheduler shrinks further while other
+    workers without ``--disk`` keep theirs there too (docs/files.md)."""
     import sys
 
     # -P: the working directory does not come first on the worker's sys.path, where a
@@ -909,6 +914,8 @@ def worker_argv(
         argv += ["--deadline", repr(deadline)]
     if disk:
         argv += ["--disk", "off" if disk == DISK_OFF else str(disk)]
+    elif disk_share > 1:
+        argv += ["--disk-share", str(disk_share)]
     return argv
 
 
@@ -1021,7 +1028,9 @@ def pool_worker_argv(
     nodes reach it. Without ``memory_per_worker``, it
     takes a ``share`` of its machine's memory (``--memory-share``): a local worker, one
     of all the local pools' workers (:func:`actors.pools.local_workers`); a Slurm worker,
-    one of its node's ``workers_per_node``."""
+    one of its node's ``workers_per_node``. A local worker without ``disk_per_worker``
+    takes that share of its spill directory's file system too (``--disk-share``), which
+    they all keep their outputs on."""
     from actors.slurm import HOST_PLACEHOLDER
 
     deadline = None
@@ -1031,29 +1040,11 @@ def pool_worker_argv(
     argv = worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, options,
         deadline, disk=pool.disk_per_worker, share=share,
+        disk_share=share if pool.provider == "local" else 1,
     )  # fmt: skip
     if pool.provider == "slurm" and not pool.worker_host:
         argv += ["--host", HOST_PLACEHOLDER]
     return argv + pool.worker_flags()
-
-
-def local_disk(
-    pools: Mapping[str, PoolConfig], memory_options: Mapping[str, Any] | None, spill_dir: str = ""
-) -> int:
-    """The ``--disk`` of a local pool's worker without ``disk_per_worker``: an even
-    share of the free space of the file system holding its spill directory (``spill_dir``,
-    its pool's; else the ``memory_options``' or the system's temporary directory; less
-    the margin), measured now, among the most workers all the local pools may run at
-    once (:func:`actors.pools.local_workers`, the share of the machine's memory such a
-    worker takes too): every local worker may keep its outputs there, so their budgets
-    add up to no more than it has. 0 (each measures all of it) without local pools."""
-    from actors.worker import disk_share
-
-    workers = local_workers(pools)
-    if not workers:
-        return 0
-    spill_dir = spill_dir or (memory_options or {}).get("spill_dir") or tempfile.gettempdir()
-    return disk_share(str(spill_dir), workers)
 
 
 def _local_address(address: str) -> str:
@@ -1135,9 +1126,6 @@ async def start_pools(
     here = local_workers(pools)  #: the local pools' workers share this machine
     for name, pool in pools.items():
         share = here if pool.provider == "local" else pool.workers_per_node
-        if pool.provider == "local" and pool.disk_per_worker == 0:
-            disk = local_disk(pools, memory_options, pool.spill_dir)
-            pool = dataclasses.replace(pool, disk_per_worker=disk)
         argv_for = functools.partial(pool_worker_argv, pool, memory_options, share)
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
@@ -3309,6 +3297,7 @@ async def run_worker(
     cores: int = 1,
     memory: int = 0,
     disk: int | None = 0,
+    disk_share: int = 1,
     pool: str = "default",
     host: str = "127.0.0.1",
     port: int | tuple[int, int] = 0,
@@ -3461,8 +3450,8 @@ async def run_worker(
 
             worker = Worker(
                 worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
-                register=False, on_retire=on_retire, memory_options=memory_options,
-                deadline=deadline or 0.0, grace=grace,
+                disk_share=disk_share, register=False, on_retire=on_retire,
+                memory_options=memory_options, deadline=deadline or 0.0, grace=grace,
                 block=os.environ.get("CORRAL_BLOCK_ID", "") if block is None else block,
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")

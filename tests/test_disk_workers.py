@@ -146,7 +146,8 @@ async def _retried(story: Any) -> str:
 def test_a_worker_without_disk_offers_its_file_systems_free_space_less_a_margin(
     tmp_path: Path,
 ) -> None:
-    from actors.worker import DISK_MARGIN, Worker, disk_free
+    from actors.shared_disk import DISK_MARGIN
+    from actors.worker import Worker, disk_free
 
     options = {"spill_dir": str(tmp_path / "not-yet")}  # made at the first spill
     w = Worker("w", None, lambda _: None, memory_options=options)  # type: ignore[arg-type]
@@ -164,6 +165,30 @@ def test_a_worker_without_disk_offers_its_file_systems_free_space_less_a_margin(
     given.data.close()
     with pytest.raises(ValueError, match="disk must be >= 0"):
         Worker("w", None, lambda _: None, disk=-1)  # type: ignore[arg-type]
+
+
+def test_a_worker_given_a_disk_share_offers_that_share_and_still_shares_it(
+    tmp_path: Path,
+) -> None:
+    """``--disk-share 3`` (a local pool's worker, one of 3): a third of the free space
+    less the margin, and it counts as taking the default (``disk_auto``), so the
+    scheduler shares its file system with the workers started there by hand rather
+    than taking its budget as given (an operator's audit: a local pool's worker
+    passed ``--disk <the whole free space>``, and three workers started by hand were
+    told to share the 0.6 MiB left). 0 is refused."""
+    from actors.shared_disk import DISK_MARGIN
+    from actors.worker import Worker, disk_free
+
+    options = {"spill_dir": str(tmp_path)}
+    w = Worker("w", None, lambda _: None, disk_share=3, memory_options=options)  # type: ignore[arg-type]
+    try:
+        free = disk_free(str(tmp_path))
+        assert abs(w.disk - (free - min(DISK_MARGIN, free // 10)) // 3) < 64 * MB
+        assert (w.info.disk, w.info.disk_auto) == (w.disk, True)
+    finally:
+        w.data.close()
+    with pytest.raises(ValueError, match="disk_share must be a whole number >= 1"):
+        Worker("w", None, lambda _: None, disk_share=0)  # type: ignore[arg-type]
 
 
 def test_bad_disk_settings_are_refused_with_what_to_write() -> None:

@@ -260,6 +260,14 @@ def test_local_pool_workers_share_the_machine_by_default() -> None:
     argv = pool_worker_argv(pools["a"], None, 5, "ws://127.0.0.1:1", "block-1", 0)
     assert argv[argv.index("--memory-share") + 1] == "5"
     assert "--memory-share" not in pool_worker_argv(pools["b"], None, 5, "ws://h:1", "b", 0)
+    # A local worker takes that share of its spill directory's file system too (and
+    # counts as sharing it: no --disk); a Slurm worker measures its node's.
+    assert argv[argv.index("--disk-share") + 1] == "5" and "--disk" not in argv
+    slurm = pool_worker_argv(pools["s"], None, 4, "ws://h:1", "s-1", 0)
+    assert "--disk-share" not in slurm and "--disk" not in slurm
+    given = pools_from_dicts({"g": {"max_blocks": 2, "disk_per_worker": "1GiB"}})["g"]
+    argv = pool_worker_argv(given, None, 5, "ws://h:1", "g-1", 0)
+    assert argv[argv.index("--disk") + 1] == str(2**30) and "--disk-share" not in argv
 
 
 @pytest.mark.anyio
@@ -279,14 +287,15 @@ async def test_a_cluster_of_local_pool_processes_divides_the_machine() -> None:
     assert [w for w in st["warnings"] if "memory limits" in w] == []
 
 
-def test_memory_share_is_checked() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:9", "--memory-share", "0"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "--memory-share must be a whole number >= 1" in done.stderr + done.stdout
+def test_memory_and_disk_shares_are_checked() -> None:
+    for flag in ("--memory-share", "--disk-share"):
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:9", flag, "0"],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert f"{flag} must be a whole number >= 1" in done.stderr + done.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 11, 1000])

@@ -136,7 +136,7 @@ def _disks_and_share(spill: Path, share_by: int, **cluster: Any) -> tuple[list[i
     (the highest free space seen around the run)."""
     import anyio
 
-    from actors.worker import DISK_MARGIN
+    from actors.shared_disk import DISK_MARGIN
     from runtime import Cluster
 
     async def main() -> list[int]:
@@ -284,6 +284,31 @@ def test_an_explicit_disk_wins_and_the_others_share_the_rest(make_state: Factory
     s2 = make_state(saturation=1.0)
     assert said(join(s2, "c1", process=5)) == said(join(s2, "c2", process=5)) == []
     assert s2.workers["c1"].disk == s2.workers["c2"].disk == D
+
+
+def test_a_local_pools_share_is_not_given_and_workers_started_by_hand_share_the_rest(
+    make_state: Factory,
+) -> None:
+    """A local pool's worker takes a share of the file system (``--disk-share 3``: a
+    third, as one of 3 local workers) and counts as sharing it, not as given a
+    ``--disk``: two workers started by hand on the same file system share it with it
+    (by 3: 30 MiB each; the pool's worker keeps its 30 MiB). Alone, the local pool's
+    workers keep their own shares and nothing is said. Before, the pool passed its
+    share as ``--disk``: with one local worker that was all of the free space, and
+    the workers started by hand were each told to share what was left, 0.6 MiB."""
+    s = make_state(saturation=1.0)
+    assert said(join(s, "local-1", budget=D // 3)) == []
+    assert said(join(s, "local-2", budget=D // 3)) == []  # one of their 3 each: no change
+    s2 = make_state(saturation=1.0)
+    join(s2, "local-1", budget=D // 3)
+    cmds = join(s2, "w1")
+    third = D // 2  # two processes share the 90 MiB: 45 each, the local one keeps 30
+    assert cmds == [
+        DiskShared(cmds[0].stimulus_id, FS, D, 0, 2, (("local-1", D // 3), ("w1", third)))
+    ]
+    cmds = join(s2, "w2")
+    assert said(cmds) == [(("local-1", D // 3), ("w1", D // 3), ("w2", D // 3))]
+    assert [s2.workers[w].disk for w in ("local-1", "w1", "w2")] == [D // 3] * 3
 
 
 def test_outputs_past_a_shrunk_share_stay_and_only_new_work_waits(make_state: Factory) -> None:
