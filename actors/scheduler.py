@@ -1011,11 +1011,12 @@ class Scheduler(Actor):
         # The watchdog has nothing to watch unless a worker is throttled; the walltime
         # drain nothing unless a worker has a deadline; speculation nothing with one
         # worker or when off; the held tasks nothing unless one backs off (or a retry
-        # is held for its backoff); the disk watchdog nothing unless a task waits for disk.
+        # is held for its backoff); the disk watchdog nothing unless a task waits for disk;
+        # the outputs a gather could not reach nothing unless there is one.
         st = self.state
         if (
             st.throttled or st.deadlines or st.speculates or st.held or st.retry_held
-            or st.disk_parked
+            or st.disk_parked or st.unreached
             or st.hosts.pending or st.host_cores.pending
         ):  # fmt: skip
             self._handle(Tick(*self._ev()))

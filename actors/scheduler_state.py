@@ -397,6 +397,11 @@ MAX_INPUTS_UNREACHABLE = 5
 #: made again and fetched in vain as fast as the workers go (thousands of tries a second)
 INPUTS_BACKOFF = 0.5
 MAX_INPUTS_BACKOFF = 10.0
+#: seconds an output a gather could not reach (``unreached``) waits, its holder seen
+#: connected, before a :class:`Tick` tells its clients again where it is: the holder
+#: rejoined before the gather's word came, or the word of its drop (``WorkerAway``) is
+#: still on its way (then the client is sent back to it once more, in vain)
+UNREACHED_AGAIN = 0.5
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 #: task categories the metrics label by name; later ones count under OTHER_CATEGORY
 MAX_METRIC_CATEGORIES = 500
@@ -858,11 +863,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.lost_held: dict[TaskState, str] = {}
         #: outputs in memory, still wanted, that a gather could not reach on their
         #: holder (``ReplicasMissing`` with ``reached`` false: it is away), with that
-        #: worker: the manager forgot its word on each, and the gathering client waits
-        #: for the next one. Not ``delivered`` meanwhile, whatever word of an earlier
-        #: gather comes (lost, it is made again at once); told again (``KeyDone``) once
-        #: a connected worker holds it (``_held_again``: its holder back, or a copy)
-        self.unreached: dict[TaskState, str] = {}
+        #: worker and when: the manager forgot its word on each, and the gathering
+        #: client waits for the next one. Not ``delivered`` meanwhile, whatever word of
+        #: an earlier gather comes (lost, it is made again at once); told again
+        #: (``KeyDone``) once a connected worker holds it (``_held_again``: its holder
+        #: back, or a copy), or on a Tick :data:`UNREACHED_AGAIN` after, held by one
+        #: (its holder came back before the gather's word: ``_tell_unreached``)
+        self.unreached: dict[TaskState, tuple[str, float]] = {}
         #: the cluster stops on purpose (:class:`ClusterStops`): its tasks ended, and a
         #: worker that goes now takes nothing anyone will read
         self.stopping = False
@@ -2714,6 +2721,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if self._max_copies:
             self._speculate()
         self._take_back()
+        if self.unreached:
+            self._tell_unreached()
         for ledger in (self.hosts, self.host_cores):  # workers of a machine came or
             if ledger.pending:  # went: their memory, their cores
                 self._out.extend(ledger.check(self._now, self._stimulus))
@@ -3356,7 +3365,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         The manager forgot its word on each: one still in memory is told again at once
         if another worker holds it, connected, else once one does (``unreached``): its
         holder back (it may not be away yet here, the drop's word still on its way, and
-        a word now would only send the client back to it, until it gives up)."""
+        a word now would only send the client back to it, until it gives up), or, on a
+        connected worker, on a Tick :data:`UNREACHED_AGAIN` later (back already)."""
         for key in ev.keys:
             ts = self.tasks.get(key)
             if ts is None:
@@ -3369,7 +3379,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 if live:
                     self._key_done(ts, min(live))
                 else:
-                    self.unreached[ts] = ev.worker
+                    self.unreached[ts] = (ev.worker, self._now)
             if ts in self.lost_held:  # lost already
                 self._recompute(ts)
 
@@ -3388,6 +3398,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if self.unreached:
             self.unreached.pop(ts, None)
         self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
+
+    def _tell_unreached(self) -> None:
+        """Tell again where each output is that a gather could not reach, noted
+        :data:`UNREACHED_AGAIN` ago or more, that a connected worker holds: its holder
+        rejoined (``WorkerHeld``) before the gather's ``ReplicasMissing`` came, which
+        then found it connected, as it would if its drop's word were still on its way,
+        and so waits for a word that already came."""
+        due = self._now - UNREACHED_AGAIN
+        for ts, (_, since) in list(self.unreached.items()):
+            live = [w for w in ts.who_has if self.workers[w].away is None]
+            if since <= due and live:
+                self._key_done(ts, min(live))
 
     def _held_again(self, ts: TaskState, ws: WorkerState) -> None:
         """``ws`` holds ``ts``'s output: if it is connected and a gather could not

@@ -45,6 +45,7 @@ from actors.scheduler_state import (
     INPUTS_BACKOFF,
     MAX_INPUTS_BACKOFF,
     MAX_INPUTS_UNREACHABLE,
+    UNREACHED_AGAIN,
     SchedulerState,
 )
 from policies import REGISTRY, PolicyParamsError
@@ -660,6 +661,39 @@ def test_an_output_a_gather_could_not_reach_is_told_again_when_its_holder_rejoin
     run(s, event(WorkerAway, worker="w1"))
     join(s, "w1")
     assert of(held(s, "w1", a=50), KeyDone) == []
+
+
+def test_an_output_a_gather_could_not_reach_is_told_again_if_its_holder_rejoined_first(
+    make_state: Factory,
+) -> None:
+    # The gather found w1 gone (its connection dropped) and reports it; before its
+    # DataMissing comes, w1 rejoins and says it holds a: nothing was unreached then.
+    # The DataMissing then finds w1 connected, as it would if the drop's word were
+    # still on its way: no word at once; a Tick past UNREACHED_AGAIN tells it again.
+    s = _given(make_state, "a")
+    run(s, event(WorkerAway, worker="w1"))
+    join(s, "w1")  # back within its grace
+    assert of(held(s, "w1", a=50), KeyDone) == []  # (no gather waits on a yet)
+    missing = event(ReplicasMissing, worker="w1", keys=("a",), reached=False)
+    assert run(s, missing) == [] and list(s.unreached) == [s.tasks["a"]]
+    soon = missing.now + UNREACHED_AGAIN / 2  # (the drop's word may still be on its way)
+    assert run(s, Tick(stimulus_id="tick-1", now=soon)) == []
+    cmds = run(s, Tick(stimulus_id="tick-2", now=missing.now + UNREACHED_AGAIN))
+    assert [(c.key, c.worker, c.nbytes) for c in cmds] == [("a", "w1", 50)]
+    assert all(type(c) is KeyDone for c in cmds) and s.unreached == {}
+    # Told once: the next Tick says nothing more.
+    assert run(s, Tick(stimulus_id="tick-3", now=missing.now + 2 * UNREACHED_AGAIN)) == []
+
+
+def test_an_output_a_gather_could_not_reach_is_not_told_again_while_its_holder_is_away(
+    make_state: Factory,
+) -> None:
+    s = _given(make_state, "a")
+    missing = event(ReplicasMissing, worker="w1", keys=("a",), reached=False)
+    assert run(s, missing) == []  # before the drop's word (WorkerAway) came
+    run(s, event(WorkerAway, worker="w1"))
+    assert run(s, Tick(stimulus_id="tick-1", now=missing.now + 10 * UNREACHED_AGAIN)) == []
+    assert list(s.unreached) == [s.tasks["a"]]
 
 
 def test_an_output_a_gather_could_not_reach_is_told_at_once_on_a_connected_holder(
