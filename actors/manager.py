@@ -94,6 +94,7 @@ from runtime.messages import (
     StatusRequest,
     StoryQuery,
     StoryRequest,
+    StreamPart,
     SubmitGraphRequest,
     SubmitReply,
     SubmitSpecs,
@@ -374,6 +375,9 @@ class Manager(Actor):
         #: keys whose values gathers gave to clients, not yet told to the scheduler (an
         #: ordered set), and whether the word that tells them is due already
         self._delivered: dict[Key, None] = {}
+        #: the streams our gathers' clients read through us (``read_stream``): each
+        #: value is noted given (``_delivered``) once all its bytes were passed on
+        self._relayed = transfer.Relayed()
         self._delivered_due = False
 
     # -- submissions -----------------------------------------------------------------
@@ -795,7 +799,8 @@ class Manager(Actor):
         """Fetch the values of ``found`` from their workers. Runs beside the handlers:
         it reads and writes none of the manager's state, and what it learned about
         keys goes through :meth:`gathered` before the answer goes out (but the keys
-        whose values it gives, noted for :meth:`send_delivered`).
+        whose values it gives, noted for :meth:`send_delivered`, and the streams it
+        offers, noted for :meth:`read_stream`).
 
         The answer to a client in another process (``raw``) is one frame: it carries at
         most ``GET_DATA_BYTES`` of values inline, by their recorded sizes, as one
@@ -860,11 +865,10 @@ class Manager(Actor):
                 _Gathered(tuple((k, found[k]) for k in lost), tuple(not_on), tuple(unreached)),
                 timeout=None,
             )
-        if data or streams:  # (a stream: the client reads it next, or asks again)
-            self._delivered.update(dict.fromkeys((*data, *(info.key for info in streams))))
-            if not self._delivered_due:
-                self._delivered_due = True
-                self.send_later(DELIVERED_EVERY, _SendDelivered())
+        now = anyio.current_time()
+        # A stream is given once its client has read it all through us (read_stream):
+        # a read that fails (its worker lost meanwhile) gives nothing.
+        self._given((*data, *(k for info in streams for k in self._relayed.start(info, now))))
         return GatherResult(
             data, (*missing, *lost), msg.raw, tuple(unreachable), tuple(streams), tuple(later)
         )
@@ -892,6 +896,15 @@ class Manager(Actor):
                 timeout=self.gather_timeout,
             )
         return reply
+
+    def _given(self, keys: tuple[Key, ...]) -> None:
+        """Clients were given the values of ``keys``: told to the scheduler with the
+        others of this quarter second (:meth:`send_delivered`)."""
+        if keys:
+            self._delivered.update(dict.fromkeys(keys))
+            if not self._delivered_due:
+                self._delivered_due = True
+                self.send_later(DELIVERED_EVERY, _SendDelivered())
 
     @handles(_SendDelivered)
     def send_delivered(self, msg: _SendDelivered) -> None:
@@ -927,12 +940,27 @@ class Manager(Actor):
         """Relay a remote client's read of a stream open on ``msg.worker``."""
         ref = self._resolve(msg.worker)
         if ref is None:
+            self._relayed.end(msg.worker, msg.stream)
             raise ActorStopped(msg.worker, "ReadStream")
-        part = ReadStream(msg.stream, msg.offset, msg.length)
-        return Later(ref.ask(part, timeout=self.gather_timeout))
+        return Later(self._relay(ref, msg))
+
+    async def _relay(self, ref: Any, msg: ReadStream) -> StreamPart:
+        """One part of a stream a client reads through us; the value is given to the
+        client once its last part is passed on (:class:`transfer.Relayed`)."""
+        try:
+            part: StreamPart = await ref.ask(
+                ReadStream(msg.stream, msg.offset, msg.length), timeout=self.gather_timeout
+            )
+        except BaseException:
+            self._relayed.end(msg.worker, msg.stream)  # (the read fails: nothing given)
+            raise
+        now = anyio.current_time()
+        self._given(self._relayed.passed(msg.worker, msg.stream, len(part.data), now))
+        return part
 
     @handles(CloseStream)
     def close_stream(self, msg: CloseStream) -> None:
+        self._relayed.end(msg.worker, msg.stream)
         ref = self._resolve(msg.worker)
         if ref is not None:
             ref.post(CloseStream(msg.stream))

@@ -65,6 +65,7 @@ __all__ = [
     "WINDOW",
     "BufferSegments",
     "FileSegments",
+    "Relayed",
     "Segments",
     "StreamBroken",
     "StreamInfo",
@@ -267,6 +268,43 @@ class StreamTable:
     def close_all(self) -> None:
         for sid in list(self.open):
             self.close(sid)
+
+
+class Relayed:
+    """The streams a relay (the manager) passes on to their readers, by ``(worker,
+    stream)``: each one's key, the bytes it has not passed on yet and when it last
+    did, so that it knows when a reader has had a whole value. Parts are read once
+    each, as the sender's :class:`StreamTable` counts them. A stream whose read fails
+    or is closed is dropped (:meth:`end`); one nobody read for :data:`IDLE_SECONDS`
+    (its reader died) too, when the next starts. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], list[Any]] = {}  #: [key, bytes left, used]
+
+    def start(self, info: StreamInfo, now: float) -> tuple[Any, ...]:
+        """``info`` (open on ``info.worker``) is for a reader to read through us:
+        ``(key,)`` if it has no byte to read (the reader has the value already)."""
+        stale = [k for k, (_, _, used) in self.open.items() if now - used > IDLE_SECONDS]
+        for k in stale:
+            del self.open[k]
+        self.open[(info.worker, info.stream)] = [info.key, sum(info.sizes), now]
+        return self.passed(info.worker, info.stream, 0, now)
+
+    def passed(self, worker: str, stream: int, nbytes: int, now: float) -> tuple[Any, ...]:
+        """``nbytes`` of the stream were passed on: ``(key,)`` once all of them were."""
+        entry = self.open.get((worker, stream))
+        if entry is None:
+            return ()
+        entry[1] -= nbytes
+        entry[2] = now
+        if entry[1] > 0:
+            return ()
+        del self.open[(worker, stream)]
+        return (entry[0],)
+
+    def end(self, worker: str, stream: int) -> None:
+        """The stream's read failed or was given up: its reader has not the value."""
+        self.open.pop((worker, stream), None)
 
 
 AskPart = Callable[[ReadStream], Awaitable[StreamPart]]

@@ -20,6 +20,7 @@ from actors.store import SpillStore
 from actors.transfer import (
     IDLE_SECONDS,
     BufferSegments,
+    Relayed,
     StreamInfo,
     StreamTable,
     UnknownStream,
@@ -257,3 +258,18 @@ async def test_a_reply_too_large_for_a_frame_is_an_error_at_once_not_a_silent_wa
         await client.aclose()
         await listener.aclose()
         tg.cancel_scope.cancel()
+
+
+def test_a_relay_gives_a_value_once_every_byte_of_its_stream_was_passed_on() -> None:
+    relayed = Relayed()
+    assert relayed.start(StreamInfo("x", 1, (10, 6), "w1"), now=0.0) == ()
+    assert relayed.start(StreamInfo("e", 2, (0,), "w1"), now=0.0) == ("e",)  # nothing to read
+    assert relayed.passed("w1", 1, 6, now=1.0) == ()
+    assert relayed.passed("w1", 1, 10, now=2.0) == ("x",)
+    assert relayed.passed("w1", 1, 10, now=3.0) == ()  # (ended: said once)
+    relayed.start(StreamInfo("y", 3, (10,), "w2"), now=3.0)
+    relayed.end("w2", 3)  # its read failed, or its reader closed it
+    assert relayed.passed("w2", 3, 10, now=4.0) == ()
+    relayed.start(StreamInfo("z", 4, (10,), "w2"), now=4.0)  # its reader died unread:
+    relayed.start(StreamInfo("v", 5, (10,), "w2"), now=5.0 + IDLE_SECONDS)  # dropped
+    assert list(relayed.open) == [("w2", 5)]
