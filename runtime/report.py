@@ -154,6 +154,19 @@ Progress = Callable[[str], None]
 _TASK_SPAN = ("COALESCE(submitted, ready, started, finished)", "finished")
 _TRY_SPAN = ("COALESCE(sent, started, ended)", "ended")
 _WORKER_SPAN = ("joined", '"left"')
+#: the end of a row of ``workers w`` (its ``cause``), with a ``preempted`` life named by
+#: its block's end instead when that end, the first of the block's ends and requeues
+#: (its rows with a cause) at or after the life ended, is an operator's: ``cancelled``
+#: (``scancel``) or ``requeued`` not by preemption (``scontrol requeue``). Slurm sends
+#: SIGTERM for those as for a preemption, and a worker cannot tell them apart: its
+#: block's end, read from Slurm, can (docs/monitoring.md's lives of every pool: the same
+#: SQL). The index on the blocks' times finds that end among the rows after the life's.
+_LIFE_END = (
+    "COALESCE(CASE WHEN w.cause = 'preempted' THEN (SELECT CASE WHEN b.state IN "
+    "('cancelled', 'requeued') AND b.cause <> 'preempted' THEN b.state END FROM blocks b "
+    "WHERE b.run_id = w.run_id AND b.block = w.block AND b.cause IS NOT NULL AND b.time "
+    '>= w."left" ORDER BY b.time LIMIT 1) END, w.cause)'
+)
 
 
 def _quiet(text: str) -> None:
@@ -628,8 +641,8 @@ class _Run:
             step(self._read_free, "groups of free retries")
             step(self._read_worker_time, "worker time")
             self.workers = rows(
-                "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?"
-                + self._during(*_WORKER_SPAN), "workers",
+                f"SELECT worker, pool, block, joined, left, {_LIFE_END} FROM workers w "
+                "WHERE run_id = ?" + self._during(*_WORKER_SPAN), "workers",
             )  # fmt: skip
             # (every change up to the window's end: the states blocks are in as it begins)
             self.blocks = rows(
@@ -1760,7 +1773,9 @@ def _worker_time_rows(run: _Run) -> list[tuple[str, str, str, str, str]]:
 
 def _lives(run: _Run) -> list[tuple[str, str, int, str, str, str]]:
     """The workers' lives (in the window) per pool and how they ended (``alive``: not
-    yet, counted to the run's end or its latest write), the most first: how many, and
+    yet, counted to the run's end or its latest write; a ``preempted`` one whose block
+    an operator cancelled or requeued: ``cancelled``, ``requeued``, :data:`_LIFE_END`),
+    the most first: how many, and
     their mean, shortest and longest length in seconds (whole lives, not cut to the
     window), as docs/monitoring.md's query counts them."""
     end = _run_end(run.info)

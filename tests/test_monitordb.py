@@ -1604,6 +1604,69 @@ async def test_the_documented_grouped_queries_count_a_rejoined_worker_once(
     assert "<td>cpu</td><td>preempted</td><td>1</td><td>3.0</td><td>3.0</td><td>3.0</td>" in page
 
 
+@pytest.mark.anyio
+async def test_a_preempted_life_is_named_by_its_block_s_end_when_an_operator_ended_it(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit: an operator's ``scancel`` and ``scontrol requeue`` send SIGTERM as a
+    preemption does, so their workers leave ``preempted``, and the report's worker lives
+    read ``scav preempted 3`` for one preemption, while the block ends said
+    ``cancelled unknown`` and ``requeued unknown``. Now the lives name those ends: w1's
+    block is requeued by a preemption (w1 back as a new life, alive), w2's by an
+    operator (``requeued``; its next life, preempted for real, stays ``preempted``: the
+    first end after it left is its own), w3's is cancelled (``cancelled``), and w4's end
+    is not known yet (``preempted``). The workers table keeps the worker's word, and the
+    docs' query of the lives agrees with the report's."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    blocks = {f"b{i}": "running" for i in range(1, 5)}
+    status = AutoscalerStatus(
+        blocks=blocks, block_pools=dict.fromkeys(blocks, "scav"),
+        block_workers={f"b{i}": (f"w{i}",) for i in range(1, 5)},
+    )  # fmt: skip
+    recorder, writer = _recorder(db, s, autoscaler=lambda msg: status)
+
+    def end(block: str, state: str, cause: str, at: float, run: int = 1) -> BlockEndInfo:
+        return BlockEndInfo(block, "scav", state, cause, state != "requeued", WALL + at, run)
+
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()  # the blocks name their workers
+        for i in range(1, 5):
+            _at(s, WorkerJoined, T0 + i, worker=f"w{i}", cores=1, memory=GB, pool="scav")
+        for i in range(1, 5):  # SIGTERM: each leaves preempted
+            _at(s, WorkerLeft, T0 + 10 + i, worker=f"w{i}", cause="preempted")
+        await recorder.poll()
+        status = dataclasses.replace(status, ends=(
+            end("b1", "requeued", "preempted", T0 + 15), end("b2", "requeued", "unknown", T0 + 16),
+            end("b3", "cancelled", "unknown", T0 + 17),
+        ))  # fmt: skip
+        await recorder.poll()
+        _at(s, WorkerJoined, T0 + 30, worker="w1", cores=1, memory=GB, pool="scav")
+        _at(s, WorkerJoined, T0 + 30, worker="w2", cores=1, memory=GB, pool="scav")
+        _at(s, WorkerLeft, T0 + 40, worker="w2", cause="preempted")
+        status = dataclasses.replace(
+            status, ends=(*status.ends, end("b2", "requeued", "preempted", T0 + 45, 2))
+        )
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT cause, count(*) FROM workers WHERE cause IS NOT NULL "
+                     "GROUP BY cause") == [("preempted", 5)]  # fmt: skip
+    lives = {how: n for _, how, n, *_ in _rows(db, _doc_sql("The lives of every pool"))}
+    assert lives == {"preempted": 3, "requeued": 1, "cancelled": 1, "alive": 1}
+    read = open_db(db)
+    try:
+        run = _Run(read, None, lambda line: None)
+    finally:
+        read.close()
+    assert {(pool, how): n for pool, how, n, *_ in _lives(run)} == {
+        ("scav", how): n for how, n in lives.items()
+    }
+    page = build_report(db)
+    assert "<td>scav</td><td>cancelled</td><td>1</td><td>10.0</td>" in page
+    assert "<td>scav</td><td>requeued</td><td>1</td><td>10.0</td>" in page
+    assert "<th>workers</th><td>4 (6 lives, 5 ended unasked)</td>" in page  # as before
+
+
 #: makes a new database one of schema version 8, as an older Corral wrote it
 TO_VERSION_8 = "ALTER TABLE tasks DROP COLUMN client; UPDATE schema_version SET version = 8; "
 #: makes a new database one of schema version 7, as an older Corral wrote it
