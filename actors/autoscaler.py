@@ -57,7 +57,7 @@ from actors.autoscaler_state import (
     check_pool,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
-from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, param_values
 from policies.scaling import PoolLimits
 from runtime.errors import (
     ActorStopped,
@@ -828,7 +828,7 @@ class Autoscaler(Actor):
             ended=st.ended,
             gave_up=tuple(sorted(st.gave_up)),
             policy=getattr(st.policy, "name", type(st.policy).__name__),
-            policy_params=params_of(st.policy),
+            policy_params=param_values(st.policy),
             policy_errors=st.policy_errors,
             policy_errors_by=dict(st.policy_errors_by),
             policy_problems=dict(st.policy_problem),

@@ -100,7 +100,7 @@ from actors.scheduler_records import (
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
-from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, param_values
 from policies.survival import Survival
 from runtime.client_ids import client_name
 from runtime.errors import (
@@ -1244,7 +1244,7 @@ class Scheduler(Actor):
             "categories_known": len(st.stats),
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
-            "policy_params": {k: ps for k, p in st.policies.items() if (ps := params_of(p))},
+            "policy_params": {k: ps for k, p in st.policies.items() if (ps := param_values(p))},
             "policy_errors": st.policy_errors,
             "policy_errors_by": dict(st.problems.by),
             "policy_problems": dict(st.problems.problem),

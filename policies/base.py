@@ -879,7 +879,8 @@ def defaults_of(factory: Factory) -> dict[str, str]:
 
 def params_of(policy: Any) -> dict[str, str]:
     """The parameters ``policy`` was created with (none: its defaults), each value as
-    its ``repr``: what the status and the dashboard show beside its name."""
+    its ``repr``: what ``WorkerLost`` names (the status, the dashboard and
+    ``PolicyInfo`` carry them as values: :func:`param_values`)."""
     return {k: repr(v) for k, v in sorted(dict(getattr(policy, "params", None) or {}).items())}
 
 
@@ -899,7 +900,8 @@ def param_values(policy: Any) -> dict[str, Any]:
     """The parameters ``policy`` was created with (none: its defaults), each as its
     value, what ``set_policy(kind, name, **params)`` takes back; a value that is not
     plain data (:func:`_plain`: an object of a policy's own) as its ``repr``. What
-    ``PolicyInfo.params`` carries."""
+    ``PolicyInfo.params`` and the status's ``policy_params`` (the autoscaler's too)
+    carry."""
     params = dict(getattr(policy, "params", None) or {})
     return {k: v if _plain(v) else repr(v) for k, v in sorted(params.items())}
 
@@ -910,8 +912,8 @@ def values_text(values: Mapping[str, Any] | None) -> str:
 
 
 def params_text(params: Mapping[str, str] | None) -> str:
-    """:func:`params_of`'s answer as the console and the dashboard show it:
-    ``spare=2, lookahead=60`` (empty for a policy's defaults)."""
+    """Parameters given as reprs (:meth:`PolicyRegistry.defaults`) as the console shows
+    them: ``spare=2, lookahead=60`` (empty for none)."""
     return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
 
 

@@ -1527,7 +1527,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     if isinstance(auto, Mapping) and auto.get("policy"):  # the autoscaler's: scaling
         rows["scaling"] = (str(auto["policy"]), auto.get("policy_params"))
     for kind, (name, params) in sorted(rows.items()):
-        _row(pol, kind, name, params_text(params))
+        _row(pol, kind, name, values_text(params))
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(_policy_errors(st, "policy errors: {} (see the tasks' stories)", ""))

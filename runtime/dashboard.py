@@ -33,7 +33,7 @@ import anyio
 from aiohttp import WSMsgType, web
 
 from actors.scheduler_records import DEPENDENCY_FAILED, NOT_RUN
-from policies import params_text
+from policies import values_text
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import (
     ANY_POOL,
@@ -130,9 +130,10 @@ def _disk(
     return {"disk_used": report.disk_used, "disk_free": free, "disk_limit": limit}
 
 
-def described(name: str, params: Mapping[str, str] | None) -> str:
-    """A policy as the page shows it: its name, and the parameters it was given."""
-    return f"{name} ({params_text(params)})" if params else name
+def described(name: str, params: Mapping[str, Any] | None) -> str:
+    """A policy as the page shows it: its name, and the parameters it was given (their
+    values, ``policies.param_values``)."""
+    return f"{name} ({values_text(params)})" if params else name
 
 
 def build_snapshot(

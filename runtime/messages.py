@@ -1437,8 +1437,9 @@ class AutoscalerStatus(Message):
     ended: int = 0
     gave_up: tuple[str, ...] = ()
     policy: str = ""
-    #: the parameters the policy was given (``repr`` of each; none: its defaults)
-    policy_params: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the parameters the policy was given (``policies.param_values``, as
+    #: ``PolicyInfo.params``: each as its value; none: its defaults)
+    policy_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     #: per pool: its policy errors, and the latest as text (what it raised or answered)
     policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -1652,8 +1653,9 @@ class StatusReply(Message):
     categories_known: int = 0
     survival: dict[str, PoolLife] = dataclasses.field(default_factory=dict)
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: per kind, the parameters its policy was given (``repr`` of each; none: defaults)
-    policy_params: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: per kind, the parameters its policy was given (``policies.param_values``, as
+    #: ``PolicyInfo.params``: each as its value; none: its defaults)
+    policy_params: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     #: per policy kind, its policy errors (slow turns included) and the latest as text
     policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -868,7 +868,7 @@ async def test_set_policy_and_its_errors() -> None:
             await cluster.set_policy("placement", "locality", bandwidth=2e8)
             status = await cluster.status()
             assert status["policies"]["placement"] == "locality"
-            assert status["policy_params"]["placement"] == {"bandwidth": "200000000.0"}
+            assert status["policy_params"]["placement"] == {"bandwidth": 2e8}
 
 
 class PinFirst:

@@ -246,10 +246,8 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
         throttled=("w1",),
         warnings=("host box/1: too much",),
         policies={"placement": "spread", "retry": "default"},
-        policy_params={"placement": {"bandwidth": "200000000.0"}},
-        autoscaler=AutoscalerStatus(
-            policy="demand", policy_params={"spare": "2", "lookahead": "60"}
-        ),
+        policy_params={"placement": {"bandwidth": 2e8}},
+        autoscaler=AutoscalerStatus(policy="demand", policy_params={"spare": 2, "lookahead": 60}),
     )
     alert = AlertInfo(
         "QueueTimeHigh", "firing", labels={"alertname": "QueueTimeHigh", "pool": "cpu"},

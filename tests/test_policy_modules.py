@@ -144,7 +144,7 @@ async def test_a_managers_config_file_sets_the_policies_it_starts_with(tmp_path:
         async with Cluster(address) as cluster:
             status = await cluster.status()
             assert status["policies"]["priority"] == "test-lowest-first"
-            assert status["policy_params"]["retry"] == {"max_lost": "2"}
+            assert status["policy_params"]["retry"] == {"max_lost": 2}
     config.write_text('[policies.retry]\nname = "default"\nmax_lots = 2\n')
     home = tmp_path / "home2"
     err = assert_nothing_left(manager(home, "--config", str(config)), home)

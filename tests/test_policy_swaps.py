@@ -6,6 +6,7 @@ keeps of the policy in force now. Pure cores fed events; a hosted manager on
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ from runtime.client import Cluster, _policies_left_news
 from runtime.console import ConsoleClient
 from runtime.messages import PolicyInfo
 from runtime.report import build_report
-from tests.helpers import Factory, event, log_lines, make_state, run, submit, wait_until
+from tests.helpers import (
+    Factory,
+    event,
+    log_lines,
+    make_state,
+    run,
+    status_text,
+    submit,
+    wait_until,
+)
 from tests.test_console import hosted
 
 __all__ = ["make_state"]
@@ -138,6 +148,24 @@ def test_policy_info_gives_the_parameters_as_values() -> None:
     odd = GraphPriority()
     odd.params = {"rank": ("a", 1, [None, 2.5], {"k": "v"}), "key": Mine}  # type: ignore[attr-defined]
     assert param_values(odd) == {"key": repr(Mine), "rank": ("a", 1, [None, 2.5], {"k": "v"})}
+
+
+@pytest.mark.anyio
+async def test_the_status_gives_the_parameters_as_policy_info_does() -> None:
+    """Before: the status's ``policy_params`` (the autoscaler's too) were reprs,
+    ``{'charge_lost': 'True', 'max_lost': '2'}``, where ``PolicyInfo.params`` has the
+    values: now both come from ``param_values``."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, manager_alerts=None) as cluster:
+            retry = await cluster.set_policy("retry", "default", max_lost=2, charge_lost=True)
+            scaling = await cluster.set_policy("scaling", "queue", maximum=3)
+            status = await cluster.status()
+    assert status["policy_params"]["retry"] == retry.params == {"charge_lost": True, "max_lost": 2}
+    auto = status["autoscaler"]
+    assert auto["policy_params"] == scaling.params == {"maximum": 3}
+    text = status_text({k: status[k] for k in ("policies", "policy_params", "autoscaler")})
+    assert re.search(r"retry\W+default\W+charge_lost=True, max_lost=2", text), text
+    assert re.search(r"scaling\W+queue\W+maximum=3", text), text
 
 
 def test_a_swap_is_a_story_line_with_its_parameters_and_a_feed_record(

@@ -679,7 +679,7 @@ async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None
             await cluster.wait_for_workers(2)
             auto = (await cluster.status())["autoscaler"]
             assert auto["policy"] == "demand" and auto["desired"] == {"p": 2}
-            assert auto["policy_params"] == {"spare": "2"}
+            assert auto["policy_params"] == {"spare": 2}
             st = await cluster.status()  # the console's policies table shows it too
             text = status_text({k: st[k] for k in ("policies", "policy_params", "autoscaler")})
             assert re.search(r"scaling\W+demand\W+spare=2", text), text

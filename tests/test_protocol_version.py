@@ -240,6 +240,9 @@ CATALOGUES = {
     # DataMissing.reached, DataDelivered, _SendDelivered: manager and scheduler, one
     # process's own messages: they never cross
     "89604b8cd4a7c7fd5bb9dbbf8728e351dfc91590de4d1f49f2b7def424221987": 1,
+    # StatusReply.policy_params and AutoscalerStatus.policy_params as values, as
+    # PolicyInfo.params: before version 1 was released
+    "75f94193758f36fff37b7cc1b3fe20562f3cf5ae935e8a4ad3952f52cc7109e9": 1,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
