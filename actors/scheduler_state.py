@@ -375,6 +375,11 @@ MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 #: the scheduler more than a quarter of that time, a sweep submitting one task per turn
 #: to a 0.9 s priority policy), it is a slow spell, counted as a slow turn is
 POLICY_SPREAD = 4.0
+#: Seconds below which a policy call never counts towards a slow spell: a fast policy
+#: asked often (a priority for each of many tasks, its calls stretched by a loaded
+#: machine's wall time) is not a slow one; the per-turn budget still bounds how long
+#: the calls of one turn hold the scheduler, however short each is
+POLICY_CALL_FLOOR = 0.001
 #: tasks that were executing on a worker when it crashed kept, the latest, for the
 #: suspects the status names (:meth:`SchedulerState.crash_suspects`)
 MAX_SUSPECTS = 20
@@ -628,12 +633,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: data, read around each policy call only (:meth:`_ask`)
         self._timer = timer
         #: per policy kind asked in this turn: [seconds its calls took, calls, calls
-        #: skipped over its budget]; settled at the end of the turn (:meth:`_end_turn`)
+        #: skipped over its budget, and of its calls those of ``POLICY_CALL_FLOOR`` or
+        #: more (what a slow spell sums): their seconds, their number]; settled at the
+        #: end of the turn (:meth:`_end_turn`)
         self._turn: dict[str, list[float]] = {}
         #: per kind, when its latest slow turns were (within ``policy_slow_window``)
         self._slow_turns: dict[str, deque[float]] = {}
-        #: per kind, its earlier turns' policy calls within ``POLICY_SPREAD *
-        #: policy_budget`` seconds: (when, seconds, calls), and [their seconds, calls]
+        #: per kind, its earlier turns' policy calls of ``POLICY_CALL_FLOOR`` or more
+        #: within ``POLICY_SPREAD * policy_budget`` seconds: (when, seconds, calls), and
+        #: [their seconds, calls]
         self._spent: dict[str, deque[tuple[float, float, int]]] = {}
         self._spent_sum: dict[str, list[float]] = {}
         #: policy errors per kind, the latest problem of each, and what to tell
@@ -966,18 +974,23 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if kind not in self._timed:
             return method(*args)
         turn = self._turn.get(kind)
+        budget = self.config.policy_budget
         if turn is None:
-            turn = self._turn[kind] = [0.0, 0, 0]
+            turn = self._turn[kind] = [0.0, 0, 0, 0.0, 0]
             self._spent_since(kind)
-        elif turn[0] + self._spent_sum.get(kind, [0.0])[0] > self.config.policy_budget:
+        elif turn[0] > budget or turn[3] + self._spent_sum.get(kind, [0.0])[0] > budget:
             turn[2] += 1
             raise _OverBudget
         began = self._timer()
         try:
             return method(*args)
         finally:
-            turn[0] += self._timer() - began
+            took = self._timer() - began
+            turn[0] += took
             turn[1] += 1
+            if took >= POLICY_CALL_FLOOR:  # a slow spell sums only these
+                turn[3] += took
+                turn[4] += 1
 
     def _spent_since(self, kind: str) -> None:
         """Forget the ``kind`` calls of turns older than ``POLICY_SPREAD *
@@ -995,18 +1008,19 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             total[:] = [0.0, 0]  # no float dust
 
     def _end_turn(self) -> None:
-        """Each policy kind whose calls took more than its budget in this turn: a policy
+        """Each policy kind whose calls took more than its budget in this turn, or whose
+        calls of ``POLICY_CALL_FLOOR`` or more did over turns (a slow spell): a policy
         problem (told once), and after ``policy_slow_turns`` such turns within
         ``policy_slow_window`` seconds its policy is replaced by the default one."""
         turn, self._turn = self._turn, {}
         budget = self.config.policy_budget
-        for kind, (seconds, calls, skipped) in turn.items():
+        for kind, (seconds, calls, skipped, counted, counted_calls) in turn.items():
             spent = self._spent.setdefault(kind, deque())
             before = self._spent_sum.setdefault(kind, [0.0, 0])
-            if seconds + before[0] <= budget:  # within budget, this turn and lately
-                spent.append((self._now, seconds, int(calls)))
-                before[0] += seconds
-                before[1] += calls
+            if seconds <= budget and counted + before[0] <= budget:  # this turn and lately
+                spent.append((self._now, counted, int(counted_calls)))
+                before[0] += counted
+                before[1] += counted_calls
                 continue
             policy = self.policies[kind]
             name = str(getattr(policy, "name", type(policy).__name__))
@@ -1024,8 +1038,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             else:  # a slow spell: a call or a few per turn, over several turns
                 span = self._now - spent[0][0] if spent else 0.0
                 problem = (
-                    f"{kind} policy {name!r} took {seconds + before[0]:.1f} s over "
-                    f"{calls + before[1]:g} call(s) in {len(spent) + 1} turns of the "
+                    f"{kind} policy {name!r} took {counted + before[0]:.1f} s over "
+                    f"{counted_calls + before[1]:g} call(s) in {len(spent) + 1} turns of the "
                     f"scheduler within {span:.1f} s (its budget: {budget:g} s per turn, and "
                     f"per {POLICY_SPREAD * budget:g} s over turns); the scheduler is blocked "
                     f"meanwhile"

@@ -270,3 +270,24 @@ def test_a_policy_asked_now_and_then_is_not_slow(make_state: Factory) -> None:
         for _ in range(4):
             run(s, event(Tick))  # four seconds pass on the core's clock
     assert slow.calls == 6 and s.policy_errors == 0
+
+
+def test_a_fast_policy_asked_often_is_never_a_slow_spell(make_state: Factory) -> None:
+    """A priority policy of 0.9 ms per call (each call under ``POLICY_CALL_FLOOR``,
+    1 ms; on a loaded machine a fast call takes longer in wall time), asked 500 times per
+    turn: 0.45 s per turn, within the turn's budget. Before, its calls were summed over
+    turns too, and the third turn within 4 s made it a slow spell (1.35 s), the fallback
+    answering, and three such spells replaced it. A slow spell is made of calls of 1 ms
+    or more only; the budget of one turn still counts every call."""
+    timer = FakeTimer()
+    fast = SlowPriority(timer, 0.0009)
+    s = make_state(timer=timer, priority=fast)
+    for turn in range(8):  # one second apart on the core's clock: 3.6 s of calls in 8 s
+        keys = [f"g{turn}-{i}" for i in range(500)]
+        assert failed(submit(s, dict.fromkeys(keys, ()), keys)) == []
+    assert fast.calls == 8 * 500 and s.policy_errors == 0
+    assert s.policies["priority"] is fast
+    # One turn of 1200 such calls passes the turn's budget (1 s): a slow turn as before.
+    keys = [f"big-{i}" for i in range(1200)]
+    [told] = failed(submit(s, dict.fromkeys(keys, ()), keys))
+    assert told.problem.startswith("priority policy 'slow' took 1.0 s over 1112 call(s) in one")
