@@ -73,6 +73,7 @@ from runtime.messages import (
     BlockMetrics,
     DrainRequest,
     Message,
+    MetricsReply,
     MetricsRequest,
     PolicyInfo,
     PolicyNote,
@@ -783,16 +784,23 @@ class Autoscaler(Actor):
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(MetricsRequest)
-    def metrics(self, msg: MetricsRequest) -> dict[str, BlockMetrics]:
-        """Per pool, its blocks by state, the age of the oldest not running yet, and
-        whether it is suspended (by the core, or by its provider)."""
+    def metrics(self, msg: MetricsRequest) -> MetricsReply:
+        """The autoscaler's fields of a ``MetricsReply``: per pool, its blocks by state,
+        the age of the oldest not running yet, and whether it is suspended (by the core,
+        or by its provider); the scaling policy's errors."""
         states = {b: self._handles[b].state.value for b in self.state.blocks}
         blocks = self.state.block_metrics(self.clock.now(), states)
         for pool, provider in self._pool_providers().items():
             if pool in blocks and provider.suspended():
                 blocks[pool]["suspended"] = 1
         stuck = self.state.stuck
-        return {pool: BlockMetrics(**m, stuck=stuck.get(pool, 0)) for pool, m in blocks.items()}
+        name = str(getattr(self.state.policy, "name", type(self.state.policy).__name__))
+        return MetricsReply(
+            blocks={
+                pool: BlockMetrics(**m, stuck=stuck.get(pool, 0)) for pool, m in blocks.items()
+            },
+            policy_errors=self.state.problems.counts([("scaling", name)]),
+        )
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> AutoscalerStatus:

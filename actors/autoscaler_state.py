@@ -1432,9 +1432,9 @@ class AutoscalerState:
     def _policy_error(self, pool: str, problem: str, kept: int) -> None:
         """Count a policy error of ``pool``; tell it (:class:`PolicyFailed`) when it is
         new for the pool, or every POLICY_ERROR_EVERY seconds while it goes on."""
-        errors = self.problems.note(pool, problem, self._now)
+        name = str(getattr(self.policy, "name", type(self.policy).__name__))
+        errors = self.problems.note(pool, problem, self._now, policy=("scaling", name))
         if errors is not None:
-            name = str(getattr(self.policy, "name", type(self.policy).__name__))
             self._out.append(PolicyFailed(pool, problem, kept, errors, name))
 
     @property

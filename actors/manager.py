@@ -1116,14 +1116,15 @@ class Manager(Actor):
     @handles(MetricsRequest)
     async def metrics(self, msg: MetricsRequest) -> MetricsReply:
         sched = await self._scheduler().ask(dataclasses.replace(msg, pools=tuple(self.pools)))
-        blocks, busy = {}, False
+        auto, busy = MetricsReply(), False
         autoscaler = self._autoscaler()
         if autoscaler is not None:
             try:  # it may be busy starting workers: do not hold the scrape up for it
-                blocks = await autoscaler.ask(msg, timeout=2.0)
+                auto = await autoscaler.ask(msg, timeout=2.0)
             except (ActorStopped, AskTimeout):
                 busy = True
-        return MetricsReply(**sched, blocks=blocks, autoscaler_busy=busy)
+        sched["policy_errors"] += auto.policy_errors  # the scaling policy's last
+        return MetricsReply(**sched, blocks=auto.blocks, autoscaler_busy=busy)
 
     @handles(AlertsRequest)
     async def alerts(self, msg: AlertsRequest) -> AlertsReply:

@@ -1243,7 +1243,7 @@ class Scheduler(Actor):
             ),
             "categories_known": len(st.stats),
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
-            "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
+            "policies": _policy_names(st),
             "policy_params": {k: ps for k, p in st.policies.items() if (ps := param_values(p))},
             "policy_errors": st.policy_errors,
             "policy_errors_by": dict(st.problems.by),
@@ -1332,6 +1332,7 @@ class Scheduler(Actor):
             "disks": disks,
             "replicas": _replicas(st),
             "speculative": dict(st.speculative),
+            "policy_errors": st.problems.counts(_policy_names(st).items()),
         }
         if msg.details:  # the dashboard's: not for every Prometheus scrape
             out["failure_groups"] = _failure_groups(st, now)
@@ -1694,6 +1695,11 @@ def _recent_try(r: TryRecord, category: str, ago: float, n: int) -> RecentTry:
     return RecentTry(
         r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "", n
     )
+
+
+def _policy_names(st: SchedulerState) -> dict[str, str]:
+    """Per kind, the name of the core's policy in force."""
+    return {k: str(getattr(p, "name", type(p).__name__)) for k, p in st.policies.items()}
 
 
 def _replicas(st: SchedulerState) -> ReplicasStatus:

@@ -1061,7 +1061,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._policy_changed(
                     PolicyChanged(self._stimulus, self._now, kind, default, why=f"slow: {why}")
                 )
-            self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced)
+            self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced, True)
 
     def _policy_error(self, kind: str, key: Key, problem: str, same: str) -> None:
         """The ``kind`` policy gave no usable answer about ``key`` (``"-"``: none):
@@ -1074,12 +1074,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         )
 
     def _policy_problem(
-        self, kind: str, name: str, problem: str, same: str | None = None, replaced: bool = False
+        self,
+        kind: str,
+        name: str,
+        problem: str,
+        same: str | None = None,
+        replaced: bool = False,
+        slow: bool = False,
     ) -> None:
-        """Count a policy error of ``kind`` (policy ``name``); tell it
-        (:class:`PolicyFailed`) when it is new for the kind (``same``: what makes two
-        problems the same, when not their text)."""
-        errors = self.problems.note(kind, problem, self._now, same)
+        """Count a policy error of ``kind`` (policy ``name``; ``slow``: a slow turn or
+        spell); tell it (:class:`PolicyFailed`) when it is new for the kind (``same``:
+        what makes two problems the same, when not their text)."""
+        errors = self.problems.note(kind, problem, self._now, same, policy=(kind, name), slow=slow)
         if not replaced:  # replaced: the policy in force now is another
             self.failing[kind] = problem
         if errors is not None:

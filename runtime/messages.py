@@ -1026,6 +1026,19 @@ class FailureCount(Message):
 
 
 @message()
+class PolicyErrorCount(Message):
+    """The policy errors of the ``kind`` policy named ``policy`` since the manager
+    started (it raised, answered out of bounds, or was slow), and of them its slow turns
+    and spells (``slow``; a scaling policy is not timed: 0): ``corral_policy_errors_total``
+    and ``corral_policy_slow_total`` (``policies.problems.PolicyProblems.counts``)."""
+
+    kind: str
+    policy: str
+    errors: int
+    slow: int = 0
+
+
+@message()
 class FailureGroupInfo(Message):
     """The failed tries of one task ``category`` for one ``cause`` (the exception's type,
     or why the worker was lost): ``n`` of them, and the latest one's task ``key``,
@@ -1165,7 +1178,8 @@ class MetricsReply(Message):
     pool may run), per category, failures by cause, tasks by state, per worker its disk
     (``disks``), and per pool the
     autoscaler's blocks (empty without an autoscaler, or when it did not answer in
-    time: ``autoscaler_busy``). Asked with ``details``, besides: failures grouped by
+    time: ``autoscaler_busy``), and per policy its errors (``policy_errors``). Asked
+    with ``details``, besides: failures grouped by
     category and cause with the latest of each (``failure_groups``, the most recent
     groups first, at most ``MAX_FAILURE_GROUPS_SHOWN``; ``failure_groups_total``
     counts them all), the same of the tries lost with their worker (preempted, its
@@ -1187,6 +1201,9 @@ class MetricsReply(Message):
     speculative: dict[str, int] = dataclasses.field(default_factory=dict)
     blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
     autoscaler_busy: bool = False
+    #: per policy in force, and per policy that had errors: its errors, the scheduler's
+    #: kinds' and (from the autoscaler, left out with ``blocks``) the scaling policy's
+    policy_errors: tuple[PolicyErrorCount, ...] = ()
     failure_groups: tuple[FailureGroupInfo, ...] = ()
     failure_groups_total: int = 0
     free_groups: tuple[FailureGroupInfo, ...] = ()

@@ -45,6 +45,7 @@ from runtime.messages import (
     CategoryMetrics,
     FailureCount,
     MetricsReply,
+    PolicyErrorCount,
     PoolMetrics,
     WorkerDiskMetrics,
 )
@@ -227,6 +228,7 @@ class SnapshotCollector(Collector):
         for f in snap.failures:
             failures.add_metric([f.category, f.outcome, f.cause], f.n)
         yield failures
+        yield from _policy_families(snap)
 
         tasks = _gauge("corral_tasks", "Tasks by state.", ["state"])
         for state, n in sorted(snap.tasks_by_state.items()):
@@ -352,6 +354,28 @@ class SnapshotCollector(Collector):
             "1 when the autoscaler did not answer this scrape in time (blocks left out).",
             value=float(snap.autoscaler_busy),
         )
+
+
+def _policy_families(snap: MetricsReply) -> tuple[Metric, ...]:
+    """Per policy (labels ``kind``, ``policy``: its name), in force or with errors, its
+    policy errors and, of them, its slow turns and spells."""
+    labels = ["kind", "policy"]
+    errors = _counter(
+        "corral_policy_errors",
+        "Policy errors: calls that raised or answered out of bounds (the fallback "
+        "answered), and slow turns and spells.",
+        labels,
+    )
+    slow = _counter(
+        "corral_policy_slow",
+        "Of the policy errors, the slow turns and spells (only your own scheduler "
+        "policies are timed).",
+        labels,
+    )
+    for c in snap.policy_errors:
+        errors.add_metric([c.kind, c.policy], c.errors)
+        slow.add_metric([c.kind, c.policy], c.slow)
+    return errors, slow
 
 
 def _disk_families(snap: MetricsReply) -> tuple[Metric, ...]:
@@ -570,6 +594,7 @@ def _every_sample() -> dict[str, frozenset[str]]:
         tasks_by_state={"ready": 1},
         blocks={"p": BlockMetrics(states={"running": 1}, ends={"preempted": 1})},
         disks={"w": WorkerDiskMetrics("p", free=0)},
+        policy_errors=(PolicyErrorCount("priority", "graph", 0),),
     )
     labels: dict[str, set[str]] = {}
     for name, pairs in samples(snap):

@@ -362,6 +362,19 @@ async def closed_by_peer(ws: Any) -> tuple[int | None, str]:
 
 
 @contextmanager
+def registered(*policies: tuple[str, str, Any]) -> Iterator[None]:
+    """The ``(kind, name, factory)`` policies registered while in it only: the
+    registry is the process's, and other tests list a kind's built-in names."""
+    for kind, name, factory in policies:
+        REGISTRY.register(kind, name)(factory)
+    try:
+        yield
+    finally:
+        for kind, name, _ in policies:
+            REGISTRY._factories[kind].pop(name, None)
+
+
+@contextmanager
 def log_lines(name: str = "corral", level: int = logging.INFO) -> Iterator[LogLines]:
     """Collect what logger ``name`` writes at ``level`` and above while in the block."""
     logger = logging.getLogger(name)

@@ -64,11 +64,13 @@ from tests.helpers import (
     free_port,
     held_at_gate,
     http_get,
+    registered,
     result,
     scraped,
     specs_for,
     wait_until,
 )
+from tests.test_policy_swaps import Raises
 
 # ----------------------------------------------------------------------------- cores
 
@@ -770,3 +772,68 @@ async def test_each_worker_s_disk_is_a_gauge_labelled_by_pool_and_worker() -> No
                 )
 
             await wait_until(reported, "the report's disk", limit=10)
+
+
+class _RaisingScaling:
+    def desired(self, pool: Any) -> int:
+        raise RuntimeError("no answer")
+
+
+@pytest.fixture
+def _raising_policies() -> Iterator[None]:
+    """Two policies that raise, registered for the test below only."""
+    with registered(
+        ("priority", "test-metrics-raises", Raises),
+        ("scaling", "test-metrics-raises", _RaisingScaling),
+    ):
+        yield
+
+
+def _policy_samples(text: str, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (s.labels["kind"], s.labels["policy"]): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == name
+        for s in fam.samples
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("_raising_policies")
+async def test_policy_errors_are_counted_per_kind_and_policy() -> None:
+    """A policy that raises is counted in ``corral_policy_errors_total{kind, policy}``,
+    the scheduler's kinds and the autoscaler's scaling policy alike (before, only the
+    status said so: no series to alert on); each policy in force has its series at 0,
+    and a policy swapped out keeps its count."""
+    with anyio.fail_after(30):
+        async with Cluster(workers=1, manager_alerts=None) as c:
+            await c.wait_for_workers(1)
+
+            async def scrape(name: str = "corral_policy_errors") -> dict[tuple[str, str], float]:
+                return _policy_samples(
+                    render(await c._manager.ask(MetricsRequest())).decode(), name
+                )
+
+            first = await scrape()
+            assert first[("priority", "graph")] == 0 and first[("scaling", "fixed")] == 0
+            assert set(first) == {(k, n) for k, n in (await c.status())["policies"].items()} | {
+                ("scaling", "fixed")
+            }
+            await c.set_policy("priority", "test-metrics-raises")
+            futures = await c.submit_graph({"a": (_twice, 1), "b": (_twice, 2)}, ["a", "b"])
+            assert [await f for f in futures] == [2, 4]  # the fallback ranked them
+            errors = await scrape()
+            by_kind = (await c.status())["policy_errors_by"]
+            assert errors[("priority", "test-metrics-raises")] == by_kind["priority"] >= 2
+            await c.set_policy("scaling", "test-metrics-raises")
+
+            async def scaling_counted() -> bool:
+                return (await scrape()).get(("scaling", "test-metrics-raises"), 0) >= 1
+
+            await wait_until(scaling_counted, "the scaling policy's errors", limit=10)
+            await c.set_policy("priority", "graph")
+            after = await scrape()
+            assert after[("priority", "test-metrics-raises")] == by_kind["priority"]
+            assert after[("priority", "graph")] == 0
+            slow = await scrape("corral_policy_slow")
+            assert set(slow) == set(after) and set(slow.values()) == {0.0}

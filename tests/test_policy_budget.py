@@ -13,6 +13,7 @@ from typing import Any
 
 from actors.scheduler_events import PolicyChanged, PolicyFailed, Tick
 from policies.priority import GraphPriority
+from runtime.messages import PolicyErrorCount
 from tests.helpers import Factory, assigned, event, join, make_state, run, submit
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -108,6 +109,12 @@ def test_repeated_slow_turns_are_told_once_then_the_default_policy_replaces_it(
         ". 3 slow turns within 300 s: replaced by the default priority policy 'graph'"
     )
     assert s.policies["priority"].name == "graph"
+    # counted under the policy for /metrics: errors, and of them slow turns; the default
+    # in force now at 0
+    assert s.problems.counts([("priority", "graph")]) == (
+        PolicyErrorCount("priority", "graph", 0, 0),
+        PolicyErrorCount("priority", "slow", 3, 3),
+    )
     assert [e[2] for e in s.story("-")] == [
         "priority:graph replaced (slow: 3 slow turns within 300 s)"
     ]

@@ -14,7 +14,6 @@ from typing import Any
 import anyio
 import pytest
 
-import policies
 from actors.scheduler_events import PolicyChanged, ScalingChanged
 from policies import REGISTRY, PoolView, param_values
 from policies.priority import GraphPriority
@@ -28,6 +27,7 @@ from tests.helpers import (
     event,
     log_lines,
     make_state,
+    registered,
     run,
     status_text,
     submit,
@@ -54,13 +54,11 @@ class Three:
 
 @pytest.fixture(autouse=True)
 def _registered() -> Iterator[None]:
-    """The two policies above, registered for this module's tests only: the registry is
-    the process's, and other modules' tests list the built-in names of a kind."""
-    policies.register("priority", "test-swaps-raises")(Raises)
-    policies.register("scaling", "test-swaps-three")(Three)
-    yield
-    for kind, name in (("priority", "test-swaps-raises"), ("scaling", "test-swaps-three")):
-        REGISTRY._factories[kind].pop(name, None)
+    """The two policies above, registered for this module's tests only."""
+    with registered(
+        ("priority", "test-swaps-raises", Raises), ("scaling", "test-swaps-three", Three)
+    ):
+        yield
 
 
 def test_the_core_keeps_the_problem_of_the_policy_in_force_only(make_state: Factory) -> None:

@@ -243,6 +243,8 @@ CATALOGUES = {
     # StatusReply.policy_params and AutoscalerStatus.policy_params as values, as
     # PolicyInfo.params: before version 1 was released
     "75f94193758f36fff37b7cc1b3fe20562f3cf5ae935e8a4ad3952f52cc7109e9": 1,
+    # PolicyErrorCount, MetricsReply.policy_errors: before version 1 was released
+    "4ec56ee15975aa9c9795674a6675bc77d7b8e7f20b9b8ad97971ff897ec1553e": 1,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 

@@ -124,7 +124,8 @@ async def test_a_controller_out_of_reach_backs_the_pool_off_and_it_goes_on_by_it
             assert f"({err.failures} failures in a row, the latest at" in line, line
             assert "asking again in" in line or "asking again now)" in line, line
             metrics = await autoscaler.ref.ask(MetricsRequest())
-            assert metrics["ckpt"].submit_failures >= 3 and metrics["ckpt"].suspended == 0
+            blocks = metrics.blocks
+            assert blocks["ckpt"].submit_failures >= 3 and blocks["ckpt"].suspended == 0
 
             # The controller is back: the next submission goes through, unasked.
             (state / "squeue.txt").write_text("101|RUNNING|None|0|0|vm|\n")
@@ -133,7 +134,7 @@ async def test_a_controller_out_of_reach_backs_the_pool_off_and_it_goes_on_by_it
             st = await _status(autoscaler)
             assert st.batch_errors == {} and st.paused == ()
             metrics = await autoscaler.ref.ask(MetricsRequest())
-            assert metrics["ckpt"].submit_failures == 0
+            assert metrics.blocks["ckpt"].submit_failures == 0
 
 
 async def test_a_refusal_that_suspends_submissions_pauses_the_pool_at_once(
