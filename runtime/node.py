@@ -241,7 +241,7 @@ NO_HELLO = "no hello"
 #: tests/test_protocol_version.py fingerprints the messages' catalogue: a change to it
 #: fails there until it is recorded, under a raised version or (a change no older peer
 #: can notice, a process-local message that never crosses) under the same one.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0
