@@ -1000,7 +1000,7 @@ class Scheduler(Actor):
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
                 used, msg.memory_bytes, msg.past_peak, msg.abandoned, msg.held,
                 msg.floor, msg.floor_warning, used - own,
-                msg.spill_refused, msg.spill_dir,
+                msg.spill_refused, msg.spill_dir, msg.terminate_at,
             )
         )  # fmt: skip
         if msg.spill_refused:  # (status()["warnings"], the console, the dashboard)

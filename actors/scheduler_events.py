@@ -465,6 +465,10 @@ class WorkerMemory(Event):
     #: and the spill directory they were refused on: ``MemoryStalled`` names them
     spill_refused: int = 0
     spill_dir: str = ""
+    #: its terminate fence, bytes, as it told it (``WorkerMemoryReport.terminate_at``;
+    #: None: turned off, or not told): the core's own fence tests use it
+    #: (:func:`~actors.scheduler_state.terminate_fence`)
+    terminate_at: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -283,6 +283,7 @@ class WorkerState:
         "spills",
         "suspended",
         "tasks_sent",
+        "terminate_at",
         "throttle_at",
         "throttled",
         "throttled_since",
@@ -353,6 +354,9 @@ class WorkerState:
         #: reported (0: under it; ``WorkerMemory.floor``)
         self.floor = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
+        #: bytes where its terminate fence is, as it last told (None: not told, or
+        #: turned off: ``TERMINATE`` of ``memory`` stands for it, ``terminate_fence``)
+        self.terminate_at: int | None = None
         #: spills its disk had no room for, as last reported (``WorkerMemory``), when
         #: the latest of them was first told (the core's clock) and its spill directory
         self.spill_refused = 0

@@ -416,9 +416,9 @@ MAX_METRIC_CATEGORIES = 500
 #: forget the category finished least recently that has no task it knows; a
 #: long-lived manager sees ever new categories, run after run
 MAX_CATEGORIES = 2_000
-#: a worker's terminate fence, as a fraction of its memory limit: the default of
-#: ``MemoryConfig.terminate`` (a worker does not tell its own); memory admission by RSS
-#: rise keeps the tries running on a worker under it (``_rss_fits``)
+#: a worker's terminate fence, as a fraction of its memory limit, where it has not told
+#: its own (``WorkerMemory.terminate_at``: before its first memory report, or with its
+#: fence off): the default of ``MemoryConfig.terminate`` (:func:`terminate_fence`)
 TERMINATE = 0.95
 #: a thread worker past its terminate fence is logged again once its excess over its
 #: limit doubled, from at least this fraction of its limit (:func:`past_limit_logged`;
@@ -601,6 +601,16 @@ def past_limit_logged(logged: int, peak: int, limit: int) -> bool:
         return True
     step = PAST_PEAK_LOG_STEP * limit
     return peak - limit >= 2 * max(logged - limit, step)
+
+
+def terminate_fence(ws: WorkerState) -> float:
+    """Bytes where ``ws``'s terminate fence is, as the core's own fence tests take it:
+    the fence it told in its latest memory report (its ``memory_options``' terminate),
+    else ``TERMINATE`` of its memory limit. Memory admission by RSS rise keeps the tries
+    running on a worker under it (``_rss_fits``), a try killed for memory under it
+    beside the worker's outputs was not the kill's cause alone (``oom_alone``), and no
+    speculative copy is made of a try on a worker at or past it (``_fenced``)."""
+    return ws.memory * TERMINATE if ws.terminate_at is None else ws.terminate_at
 
 
 def _raised(where: str, exc: BaseException) -> str:
@@ -2121,7 +2131,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             alone = not any(t is not ts for t in ws.processing)
             if alone and own and ws.memory:
                 rest = max(0, res.rss - own - max(0, ws.memory_bytes))
-                if own + rest + ts.in_nbytes < ws.memory * TERMINATE:
+                if own + rest + ts.in_nbytes < terminate_fence(ws):
                     alone = False
             ts.oom_alone += (alone,)
             ts.oom_own, ts.oom_worker_floor = own, ws.floor
@@ -2674,6 +2684,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ws is None:
             return
         ws.rss, ws.throttle_at, ws.memory_bytes = ev.rss, ev.throttle_at, ev.memory_bytes
+        ws.terminate_at = ev.terminate_at
         ws.disk_used = max(0, ev.disk_used)
         ws.disk_foreign = min(ws.disk_used, max(0, ev.disk_foreign))
         if ev.spill_refused != ws.spill_refused:
@@ -4275,11 +4286,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     @staticmethod
     def _fenced(ws: WorkerState) -> str:
         """Why a task running on ``ws`` gets no speculative copy: ``ws`` is throttled,
-        or its RSS as last told is at or past its terminate fence (``TERMINATE`` of its
-        memory limit). Such a task is slow because of its worker's memory, and a copy
-        would take as much on another worker ("": neither)."""
+        or its RSS as last told is at or past its terminate fence (the one it told, else
+        ``TERMINATE`` of its memory limit: :func:`terminate_fence`). Such a task is slow
+        because of its worker's memory, and a copy would take as much on another worker
+        ("": neither)."""
         of = f"({ws.rss / 2**20:.0f} MiB of its {ws.memory / 2**20:.0f} MiB limit)"
-        if ws.memory and ws.rss >= ws.memory * TERMINATE:
+        if ws.memory and ws.rss >= terminate_fence(ws):
             return f"is past its terminate fence {of}"
         if ws.throttled:
             return f"is throttled {of}"
@@ -4571,7 +4583,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         beside = min(len(ws.processing), int(ws.cores) - 1)
         if beside <= 0 or not ws.memory:
             return True
-        fence = ws.memory * TERMINATE
+        fence = terminate_fence(ws)
         if ws.rss + beside * self.max_rise + rise < fence:
             return True  # whatever runs beside it: no need to look (O(1))
         rises = heapq.nlargest(beside, map(self._rise, ws.processing))

@@ -356,11 +356,19 @@ def test_one_copy_per_task_with_more_idle_workers_unless_max_copies(make_state: 
 MiB = 2**20
 
 
-def memory(s: SchedulerState, worker: str, now: float, rss: int, throttled: bool = False) -> None:
-    """``worker`` reports its memory at ``now``: ``rss``, throttled or not."""
+def memory(
+    s: SchedulerState,
+    worker: str,
+    now: float,
+    rss: int,
+    throttled: bool = False,
+    terminate_at: int | None = None,
+) -> None:
+    """``worker`` reports its memory at ``now``: ``rss``, throttled or not, and its
+    terminate fence (None: not told)."""
     limit = s.workers[worker].memory
     at(s, WorkerMemory, now, worker=worker, throttled=throttled, rss=rss,
-       throttle_at=int(limit * 0.8), limit=limit)  # fmt: skip
+       throttle_at=int(limit * 0.8), limit=limit, terminate_at=terminate_at)  # fmt: skip
 
 
 def no_copy_said(s: SchedulerState, key: Key) -> list[str]:
@@ -394,6 +402,27 @@ def test_no_copy_of_a_straggler_whose_worker_is_past_its_terminate_fence(
     memory(s, "w1", T0 + 6.0, 300 * MiB)
     assert sent(at(s, Tick, T0 + 6.1)) == [("w2", "t-5")]
     assert s.speculative["started"] == 1
+
+
+def test_a_worker_past_the_terminate_fence_it_told_gets_no_copy(make_state: Factory) -> None:
+    """The core took every worker's terminate fence as 0.95 of its limit, whatever its
+    ``memory_options`` said: w1, told to terminate at 0.8 and at 0.85 of its limit (not
+    throttled as far as the core knows), got a copy of its straggler. Its own fence, as
+    it reports it (``terminate_at``), is the one the core tests; a report without it
+    falls back to 0.95."""
+    s = straggler(make_state)
+    limit = s.workers["w1"].memory
+    memory(s, "w1", T0 + 1.0, int(0.85 * limit), terminate_at=int(0.8 * limit))
+    assert at(s, Tick, T0 + 2.1) == []
+    assert at(s, Tick, T0 + 3.1) == []
+    assert s.speculative["started"] == 0 and s.tasks["t-5"] not in s.copies
+    assert no_copy_said(s, "t-5") == [
+        "no speculative copy: its worker 'w1' is past its terminate fence "
+        "(870 MiB of its 1024 MiB limit)"
+    ]
+    # The same RSS, its fence not told: under 0.95 of its limit, and a copy goes.
+    memory(s, "w1", T0 + 4.0, int(0.85 * limit))
+    assert sent(at(s, Tick, T0 + 4.1)) == [("w2", "t-5")]
 
 
 def test_the_same_straggler_on_a_healthy_worker_gets_its_copy(make_state: Factory) -> None:
