@@ -1177,9 +1177,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         worker said (``now`` for one it had not started; None: the worker never said)
         and ``stop`` the loss, ``now`` (the drop of its worker's connection for one
         lost while away, :class:`WorkerAway`); ``queued``: when the
-        task became ready for this try, this core's clock, None for a speculative copy:
-        ``TryRecord.queued``; ``failure``: for a try that failed with an error, out of
-        memory, by timeout or for its disk, the cause it is counted under in the
+        task became ready for this try, this core's clock (the drop of the connection
+        of a worker lost while away for the retries it sent back: ``_ready_since``),
+        None for a speculative copy: ``TryRecord.queued``; ``failure``: for a try
+        that failed with an error, out of memory, by timeout or for its disk, the cause
+        it is counted under in the
         failure counts and groups, the metrics' ``cause``, else None; ``resumed``,
         ``resumed_work``: the number of the checkpoint the try started from and the
         seconds of the task's execution it held (:attr:`Checkpoint.work`), None when it
@@ -1891,6 +1893,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         # that said tries filling all its threads executed (``_filled``); else each ran
         # since it was sent.
         executing = ws.executing if ws.executing is not None else self._filled(ws)
+        # Its tries and outputs lost: ready again now, for a worker lost while away
+        # since the drop (``_ready_since``).
+        lost = [*ws.processing, *ws.has_what] if end < self._now else []
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
             self._end_copy(ts, ws, "worker-lost", ev.cause, ended=end)
             self.speculative["failed"] += 1
@@ -1940,10 +1945,39 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ws.has_what.clear()
         self.held_bytes.pop(ws.id, None)
         self.storage.forget(ws.id)
+        if lost:
+            self._ready_since(lost, end)
         for ts, to in onward:
             self._pass_on(ts, to, ws)
         if unmade:
             self._evacuate_unmade(unmade)
+
+    def _ready_since(self, tasks: list[TaskState], at: float) -> None:
+        """Of ``tasks``, those queued now (in this event) became ready at ``at``: a
+        worker lost at the end of the grace for its rejoin ended at the drop of its
+        connection, and the retries of its tries and the outputs it alone held, made
+        again, have waited since, ready, while its id was held (their tries' ``queued``,
+        their pools' waits served and ``oldest_wait``). Each pool's ``since`` stays
+        oldest first: what became ready after ``at`` moves behind them."""
+        back: dict[str, list[TaskState]] = {}
+        for ts in tasks:
+            pool = pool_key(ts.spec.pool)
+            pw = self.pool_waits.get(pool)
+            if ts.state == "queued" and pw is not None and pw.since.get(ts) == self._now:
+                back.setdefault(pool, []).append(ts)
+        for pool, queued in back.items():
+            since = self.pool_waits[pool].since
+            moved = set(queued)
+            later = []  # ready after ``at``, newest first
+            for ts, t in reversed(since.items()):
+                if t <= at:
+                    break
+                if ts not in moved:
+                    later.append(ts)
+            for ts in queued:
+                since[ts] = at
+            for ts in reversed(later):
+                since.move_to_end(ts)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -5959,6 +5993,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             pool_key(ts.spec.pool) for ts in self.tasks.values() if ts.state == "queued"
         )
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
+        for pool, pw in self.pool_waits.items():  # oldest first (``oldest_wait``)
+            times = list(pw.since.values())
+            assert times == sorted(times), ("ready since, oldest first", pool, times)
         pools = Counter(pool_key(ts.spec.pool) for ts in self.tasks.values())
         assert self.pool_tasks == pools, ("pool task counters", self.pool_tasks, pools)
         members = sum(len(m) for m in self.pool_members.values())
