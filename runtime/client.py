@@ -1586,14 +1586,38 @@ def _task_error(watch: _KeyWatch, *, root_errors: bool) -> BaseException:
 
 
 def _raised_copy(err: BaseException) -> BaseException:
-    """A copy of ``err`` to raise, with its notes, cause, context and traceback: the
-    frames a raise adds go on the copy, not on the error the client keeps for the key.
-    Raised itself, the kept error's traceback held the awaiting frames, and with them
-    their futures (``fut = submit(...)``; ``await fut`` in a ``try``): the futures were
-    never let go, their keys held on the cluster for as long as the client ran (an
-    asyncio service's audit: 2,000 failed requests, 2,000 keys held). ``err`` itself when
-    its type cannot be made again from its ``args`` (a constructor of its own).
-    ``Future.exception()`` gives such a copy too."""
+    """A copy of ``err`` to raise, with its notes, its chain (its cause and context,
+    each a copy made the same way: :func:`_copy_of`) and its traceback: the frames a
+    raise adds go on the copy, not on the error the client keeps for the key. Raised
+    itself, the kept error's traceback held the awaiting frames, and with them their
+    futures (``fut = submit(...)``; ``await fut`` in a ``try``): the futures were never
+    let go, their keys held on the cluster for as long as the client ran (an asyncio
+    service's audit: 2,000 failed requests, 2,000 keys held). So too for its chain: a
+    handler that raises the cause (``raise err.__cause__``, a ``DependencyFailed``'s
+    root error) or notes it raises and notes a copy, not what the next ``await`` or
+    ``exception()`` gives. A chain that loops stays one loop of copies. ``err`` itself
+    (and a link of its chain itself) when its type cannot be made again from its
+    ``args`` (a constructor of its own). ``Future.exception()`` gives such a copy too."""
+    copies: dict[int, tuple[BaseException, BaseException]] = {}  # id: (kept, copy)
+    todo = [err]
+    while todo:  # (a loop, not recursion: a chain of any length)
+        kept = todo.pop()
+        if id(kept) not in copies:
+            copies[id(kept)] = (kept, _copy_of(kept))
+            todo.extend(e for e in (kept.__cause__, kept.__context__) if e is not None)
+    for kept, new in copies.values():
+        if new is not kept:
+            cause, context = kept.__cause__, kept.__context__
+            new.__cause__ = None if cause is None else copies[id(cause)][1]
+            new.__context__ = None if context is None else copies[id(context)][1]
+            new.__suppress_context__ = kept.__suppress_context__
+    return copies[id(err)][1]
+
+
+def _copy_of(err: BaseException) -> BaseException:
+    """A copy of ``err`` alone (its chain is its copier's, :func:`_raised_copy`): its
+    type, args, attributes, notes and traceback; ``err`` itself when its type cannot be
+    made again from its ``args``."""
     try:
         new = copy.copy(err)
     except Exception:
@@ -1606,8 +1630,6 @@ def _raised_copy(err: BaseException) -> BaseException:
     notes = getattr(err, "__notes__", None)
     if notes is not None:  # (one rebuilt from its fields by its __reduce__ lacks them)
         new.__notes__ = list(notes)
-    new.__cause__, new.__context__ = err.__cause__, err.__context__
-    new.__suppress_context__ = err.__suppress_context__
     return new.with_traceback(err.__traceback__)
 
 

@@ -28,6 +28,7 @@ import anyio
 import pytest
 
 from runtime import Cluster
+from runtime.client import _raised_copy
 from runtime.errors import DependencyFailed, GraphNotLoadable
 from tests.helpers import Cli
 from tests.test_not_importable import labops
@@ -50,6 +51,13 @@ def boom() -> None:
 
 def plus_one(x: int) -> int:
     return x + 1
+
+
+def looks_up() -> None:
+    try:
+        {}["row"]
+    except KeyError as exc:
+        raise ValueError("no such row") from exc
 
 
 def lines(err: BaseException) -> int:
@@ -245,3 +253,56 @@ async def test_what_is_done_to_a_futures_exception_stays_off_the_kept_error() ->
                 await f
             for err in (info.value, await f.exception()):
                 assert err.__notes__ == notes and not hasattr(err, "code")
+
+
+@pytest.mark.anyio
+async def test_what_is_done_to_a_futures_exceptions_chain_stays_off_the_kept_one() -> None:
+    """``exception()`` and ``await`` gave a copy of the kept error, but its cause and
+    context were the kept error's own: a handler that noted the cause or raised it
+    (``raise err.__cause__``, a ``DependencyFailed``'s root error) put its note and
+    frames, and with them the awaiting frames and their futures, on the kept one, in
+    what every later ``await`` and ``exception()`` gives. Now the chain is copied too,
+    link by link, as it was (cause, context, the context suppressed)."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            f = cluster.submit(looks_up)
+            g = cluster.submit(plus_one, f)
+            first = await f.exception()
+            cause = first.__cause__
+            assert type(first) is ValueError and first.__suppress_context__
+            assert type(cause) is KeyError and cause.args == ("row",)
+            assert first.__context__ is cause and cause.__cause__ is None
+            long = lines(cause)
+            cause.add_note("seen by the request handler")
+            with pytest.raises(DependencyFailed) as info:
+                await g
+            root = info.value.__cause__
+            assert type(root) is ValueError and root.__cause__ is not cause
+            for _ in range(2):
+                with pytest.raises(ValueError):
+                    raise root  # (unwrapped by a handler)
+                with pytest.raises(KeyError):
+                    raise cause
+            for err in (await f.exception(), (await g.exception()).__cause__):
+                assert err is not first and err is not root and type(err) is ValueError
+                again = err.__cause__
+                assert again is not cause and err.__context__ is again
+                assert type(again) is KeyError and again.args == ("row",)
+                assert not hasattr(again, "__notes__") and lines(again) == long
+            with pytest.raises(ValueError) as raised:
+                await f
+            assert raised.value.__cause__ not in (cause, again)
+            assert not hasattr(raised.value.__cause__, "__notes__")
+
+
+def test_a_copied_chain_that_loops_stays_one_loop_of_copies() -> None:
+    """A context chain may loop (an exception set as its own context's context): the
+    copy is the same loop, of copies, and each link keeps its own suppression."""
+    a, b = RuntimeError("a"), ValueError("b")
+    a.__context__, b.__context__, b.__cause__ = b, a, a
+    new = _raised_copy(a)
+    other = new.__context__
+    assert new is not a and type(other) is ValueError and other is not b
+    assert other.__context__ is new and other.__cause__ is new
+    assert other.__suppress_context__ and not new.__suppress_context__
+    assert new.__cause__ is None
