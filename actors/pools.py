@@ -107,6 +107,9 @@ COMMON_KEYS: Mapping[str, Any] = {
     "grace": None,  # --grace, seconds (the worker's default: 5)
     "execution": None,  # --execution thread|process (the worker's default: thread)
     "spill_dir": None,  # --spill-dir (the worker's default: the system's temp directory)
+    # each worker process pinned to one of these accelerators (device ids, or N: "0".."N-1"),
+    # Parsl's available_accelerators; None: none pinned
+    "accelerators": None,
     # --memory-options: the workers' memory fences (spill, throttle, terminate, ...), a
     # table of MemoryConfig's names (POOL_MEMORY_OPTIONS); None: the worker's defaults
     "memory_options": None,
@@ -114,7 +117,9 @@ COMMON_KEYS: Mapping[str, Any] = {
 
 #: the keys of :data:`COMMON_KEYS` that set flags of a worker process: an embedded
 #: cluster's in-process workers take none of them
-WORKER_PROCESS_KEYS = ("worker_host", "worker_port_range", "grace", "execution", "spill_dir")
+WORKER_PROCESS_KEYS = (
+    "worker_host", "worker_port_range", "grace", "execution", "spill_dir", "accelerators",
+)  # fmt: skip
 
 #: keys only a pool with ``provider = "local"`` may have
 LOCAL_KEYS: Mapping[str, Any] = {
@@ -213,6 +218,11 @@ class PoolConfig:
     #: ``disk_limit``), checked against :class:`~actors.memory.MemoryConfig`; empty:
     #: the worker's defaults
     memory_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the accelerators its workers are pinned to, one each (``CUDA_VISIBLE_DEVICES``
+    #: and the like: :func:`~actors.providers.accelerator_env`): a Slurm pool's i-th
+    #: worker on a node takes the i-th, a local pool's workers one that no running
+    #: worker holds; empty: none pinned
+    accelerators: tuple[str, ...] = ()
 
     @property
     def workers_per_block(self) -> int:
@@ -235,6 +245,7 @@ class PoolConfig:
             nodes_per_block=self.nodes_per_block, walltime=self.walltime,
             exclusive=self.exclusive, scheduler_options=self.scheduler_options,
             worker_init=self.worker_init, signal_warning=self.signal_warning,
+            accelerators=self.accelerators,
         )  # fmt: skip
 
     def worker_flags(self) -> list[str]:
@@ -479,6 +490,59 @@ def _memory_options_key(pool: str, value: object, memory: int) -> dict[str, Any]
     return out
 
 
+def _accelerators(pool: str, value: object, per_node: int, blocks: int) -> tuple[str, ...]:
+    """Pool ``pool``'s ``accelerators``: device ids as strings (``["0", "1"]``, MIG
+    UUIDs), or a whole number N for ``"0"`` to ``"N-1"``; enough for one each of the
+    workers that run at once on one machine: a Slurm pool's ``workers_per_node``
+    (``blocks`` 0), a local pool's ``per_node`` times its ``blocks`` (``max_blocks``)."""
+    if value is None:
+        return ()
+    form = (
+        'device ids as strings, one per worker, e.g. accelerators = ["0", "1", "2", "3"] '
+        '(or MIG UUIDs), or a whole number N >= 1 for "0" to "N-1"'
+    )
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        devices: tuple[str, ...] = tuple(str(i) for i in range(value))
+    elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        devices = tuple(value)
+        odd = [v for v in devices if not v or v != v.strip() or "," in v or " " in v]
+        if odd:
+            raise PoolConfigError(
+                pool, "accelerators",
+                f"must be {form}; {odd[0]!r} is not one device id (each worker gets exactly "
+                "one: no empty id, spaces or commas)",
+            )  # fmt: skip
+        twice = [v for v in dict.fromkeys(devices) if devices.count(v) > 1]
+        if twice:
+            raise PoolConfigError(
+                pool, "accelerators",
+                f"names {twice[0]!r} twice: each device goes to one worker; list each once",
+            )  # fmt: skip
+    else:
+        meant = ""
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            meant = f"; did you mean accelerators = {[str(v) for v in value]!r} (strings)?"
+        raise PoolConfigError(pool, "accelerators", f"must be {form}, got {value!r}{meant}")
+    workers = per_node * max(blocks, 1)
+    if workers > len(devices):
+        how = (
+            f"max_blocks ({blocks}) x workers_per_node ({per_node}) = {workers} workers may "
+            "run at once on this machine"
+            if blocks
+            else f"workers_per_node = {per_node} workers run on each node"
+        )
+        raise PoolConfigError(
+            pool, "accelerators",
+            f"has {len(devices)} ({', '.join(devices)}) but {how}, each pinned to one of its "
+            f"own: list {workers} device ids, or run at most {len(devices)} workers there",
+        )  # fmt: skip
+    return devices
+
+
 def _signal_warning(pool: str, value: object, walltime: float | None) -> int:
     """A Slurm pool's ``signal_warning``: whole seconds from 0 to 65535 (Slurm's
     ``--signal=B:TERM@N``), shorter than the walltime."""
@@ -642,6 +706,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
     problem = scheduler_options_problem(texts["scheduler_options"])
     if problem:
         raise PoolConfigError(name, "scheduler_options", problem)
+    per_node = _whole(name, "workers_per_node", raw.get("workers_per_node", 1), 1)
     return PoolConfig(
         name=name,
         provider=provider,
@@ -649,7 +714,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         max_blocks=hi,
         init_blocks=init,
         nodes_per_block=nodes,
-        workers_per_node=_whole(name, "workers_per_node", raw.get("workers_per_node", 1), 1),
+        workers_per_node=per_node,
         cores_per_worker=_whole(name, "cores_per_worker", raw.get("cores_per_worker", 1), 1),
         memory_per_worker=memory,
         disk_per_worker=disk,
@@ -670,6 +735,9 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         **_worker_texts(name, provider, raw),
         **texts,
         memory_options=_memory_options_key(name, raw.get("memory_options"), memory),
+        accelerators=_accelerators(
+            name, raw.get("accelerators"), per_node, 0 if provider == "slurm" else hi
+        ),
     )
 
 
@@ -719,6 +787,18 @@ def pools_from_dicts(
                 f"The pools are: {', '.join(made)}",
                 source,
             ))  # fmt: skip
+    held: dict[str, str] = {}  # a device -> the first local pool that lists it
+    for name, pool in made.items():
+        for device in pool.accelerators if pool is not None and pool.provider == "local" else ():
+            other = held.setdefault(device, name)
+            if other != name:
+                refuse(PoolConfigError(
+                    name, "accelerators",
+                    f"lists {device!r}, which local pool {other!r} lists too: their workers "
+                    "run on this machine and would share it; give each pool devices of its own",
+                    source,
+                ))  # fmt: skip
+                break
     return {name: pool for name, pool in made.items() if pool is not None}
 
 

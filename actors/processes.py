@@ -70,7 +70,7 @@ from typing import IO, Any, Self
 import anyio
 import anyio.abc
 
-from actors.providers import Block, BlockSpec, BlockState, Provider
+from actors.providers import Block, BlockSpec, BlockState, Provider, accelerator_env
 from runtime.errors import describe_exit
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent_preexec, kill_session
 from runtime.log import JSON_LINES_ENV, get_logger, relayed
@@ -549,6 +549,7 @@ class _Child:
     #: (None: none to read; see _oom_events)
     oom_events: tuple[Path, int] | None = None
     oom: bool = False  #: killed by SIGKILL while its cgroup counted an OOM kill
+    accelerator: str = ""  #: the accelerator it is pinned to ("": none)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -610,6 +611,10 @@ class LocalProcessProvider(Provider):
     ``pool``: the pool whose blocks these are (the manager gives each configured local
     pool its provider); its own log lines (``block pending``, ``block started``,
     ``block ended``, ...) then name a block ``<pool>/block-<n>``, as the autoscaler's do.
+    ``accelerators``: device ids (``["0", "1"]``) each of which is given to one worker
+    process at a time, pinned with :func:`~actors.providers.accelerator_env` in its
+    environment; a worker that has exited frees its device for the next block's. A
+    worker started while all are taken fails its block ("no free accelerator").
     """
 
     def __init__(
@@ -626,6 +631,7 @@ class LocalProcessProvider(Provider):
         log_dir: str | os.PathLike[str] | None = None,
         provision_delay: float = 0.0,
         pool: str = "",
+        accelerators: Sequence[str] = (),
     ) -> None:
         if not provision_delay >= 0:
             raise ValueError(f"provision_delay must be >= 0 seconds, got {provision_delay!r}")
@@ -649,6 +655,8 @@ class LocalProcessProvider(Provider):
         #: the pool these blocks are of, if one: log lines name a block as the
         #: autoscaler does, ``<pool>/block-<n>`` (else ``block-<n>``)
         self.pool = pool
+        self.accelerators = tuple(accelerators)  #: the devices its workers are pinned to
+        self._pinned: dict[str, str] = {}  #: device -> the worker process holding it
         self._log = get_logger("corral", component="local-processes")
 
     # -- lifetime ------------------------------------------------------------------------
@@ -761,14 +769,23 @@ class LocalProcessProvider(Provider):
             for i in range(spec.workers):
                 wid = self._worker_id(n, i, spec.workers)
                 argv = list(self.argv_for(block.block_id, i))
+                device = self._pin(wid)
                 try:
-                    process = await self._spawn(wid, block.block_id, argv)
+                    if device is None:
+                        raise OSError(
+                            f"no free accelerator: all {len(self.accelerators)} "
+                            f"({', '.join(self.accelerators)}) are held by running workers"
+                        )
+                    pin = accelerator_env(device) if device else {}
+                    process = await self._spawn(wid, block.block_id, argv, pin)
                 except OSError as exc:
+                    self._pinned.pop(device or "", None)
                     rec.failure = f"{wid} could not start {argv!r}: {exc}"
                     rec.failed_worker = wid
                     self._log.error("worker process could not start", worker=wid, error=str(exc))
                     break
                 child = _Child(wid, process, oom_events=_oom_events(process.pid))
+                child.accelerator = device
                 rec.children.append(child)
                 rec.live += 1
                 if wid not in block.workers:
@@ -839,10 +856,23 @@ class LocalProcessProvider(Provider):
             raise ValueError(f"block {block.block_id!r} does not come from this provider")
         return rec
 
-    async def _spawn(self, wid: str, block_id: str, argv: list[str]) -> ChildProcess:
+    def _pin(self, wid: str) -> str | None:
+        """The first accelerator no running worker holds, now held by ``wid`` ("" without
+        accelerators; None when all are held)."""
+        if not self.accelerators:
+            return ""
+        device = next((d for d in self.accelerators if d not in self._pinned), None)
+        if device is not None:
+            self._pinned[device] = wid
+        return device
+
+    async def _spawn(
+        self, wid: str, block_id: str, argv: list[str], pin: Mapping[str, str]
+    ) -> ChildProcess:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.env)
+        env.update(pin)
         env["CORRAL_WORKER_ID"] = wid
         env["CORRAL_BLOCK_ID"] = block_id
         if self.log_dir is None:  # relayed into our log: a Corral child writes JSON lines
@@ -940,6 +970,8 @@ class LocalProcessProvider(Provider):
                         f" (the OOM killer: oom_kill in {path} went {before} -> {after})"
                     )
         rec.live -= 1
+        if rc is not None and child.accelerator:  # exited: its device is free again
+            self._pinned.pop(child.accelerator, None)
         failed = rc != 0
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"

@@ -23,7 +23,16 @@ from typing import Any, Protocol
 
 from runtime.kernel import Actor, ActorRef, ActorSystem
 
-__all__ = ["Block", "BlockSpec", "BlockState", "InProcessProvider", "Provider", "WorkerFactory"]
+__all__ = [
+    "ACCELERATOR_VARIABLES",
+    "Block",
+    "BlockSpec",
+    "BlockState",
+    "InProcessProvider",
+    "Provider",
+    "WorkerFactory",
+    "accelerator_env",
+]
 
 
 class BlockState(enum.Enum):
@@ -77,6 +86,20 @@ class BlockSpec:
 
 #: ``BlockSpec.disk`` (and ``disk_per_worker``) for workers whose disk is not counted
 DISK_OFF = -1
+
+#: the variables that pin a worker process to one accelerator, as Parsl's
+#: HighThroughputExecutor sets them for ``available_accelerators``: NVIDIA's CUDA, AMD's
+#: ROCm and Intel's Level Zero each show the process only the device named
+ACCELERATOR_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+def accelerator_env(device: str) -> dict[str, str]:
+    """The environment that pins a worker process (and the task processes it starts) to
+    the accelerator ``device`` (an id such as ``"0"``, or a MIG UUID): each of
+    :data:`ACCELERATOR_VARIABLES` set to it, and Level Zero's devices numbered in PCI
+    order, as ``nvidia-smi`` and ROCm number theirs. What a pool's ``accelerators``
+    give each worker (its providers) and the worker's ``--accelerator`` sets."""
+    return {**dict.fromkeys(ACCELERATOR_VARIABLES, device), "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
 
 
 @dataclasses.dataclass(slots=True)

@@ -66,7 +66,7 @@ import anyio
 import anyio.abc
 
 from actors.processes import run_command
-from actors.providers import Block, BlockSpec, BlockState, Provider
+from actors.providers import Block, BlockSpec, BlockState, Provider, accelerator_env
 from runtime.errors import BatchSystemError, SubmissionsSuspended, WalltimeError
 from runtime.log import get_logger
 
@@ -553,6 +553,10 @@ class SlurmOptions:
     #: shell lines run (under ``set -e``) before the workers start: modules, variables
     worker_init: str = ""
     signal_warning: int = 0  #: seconds: --signal=B:TERM@N (0: none)
+    #: the accelerators of each node (device ids, e.g. ``("0", "1")``): the i-th worker
+    #: on a node is pinned to the i-th (:func:`~actors.providers.accelerator_env`);
+    #: empty: none pinned
+    accelerators: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nodes_per_block < 1:
@@ -611,13 +615,20 @@ def batch_script(
 ) -> str:
     """The batch script of a block: ``#SBATCH`` lines, then the workers (``(worker id,
     argv)`` each, spread evenly over ``options.nodes_per_block`` nodes), started in the
-    background with ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID``; SIGTERM to the batch
+    background with ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID`` (and, with
+    ``options.accelerators``, each node's i-th worker with the variables that pin it to
+    the i-th accelerator: :func:`~actors.providers.accelerator_env`); SIGTERM to the batch
     shell is passed to them and the script waits for them all. Arguments are quoted
     for the shell, except that ``{host}`` in one becomes the node's address."""
     nodes = options.nodes_per_block
     if not workers or len(workers) % nodes:
         raise ValueError(f"{len(workers)} workers do not spread evenly over {nodes} nodes")
     per_node = len(workers) // nodes
+    if options.accelerators and per_node > len(options.accelerators):
+        raise ValueError(
+            f"{per_node} workers per node but {len(options.accelerators)} accelerators: "
+            "each worker needs one of its own"
+        )
     cores = options.cores_per_node or per_node * max(spec.threads, 1)
     mem = options.mem_per_node or per_node * spec.memory
     q = shlex.quote
@@ -700,9 +711,15 @@ def batch_script(
     ]
     for node in range(nodes):
         lines.append(f"{node})")
-        for wid, argv in workers[node * per_node : (node + 1) * per_node]:
+        for place, (wid, argv) in enumerate(workers[node * per_node : (node + 1) * per_node]):
             cmd = " ".join(_shell_arg(a) for a in argv)
-            lines.append(f"    CORRAL_WORKER_ID={q(wid)} CORRAL_BLOCK_ID={q(block_id)} {cmd} &")
+            # The node's place-th worker: the place-th accelerator, set before it starts.
+            pin = "".join(
+                f"{k}={q(v)} " for k, v in accelerator_env(options.accelerators[place]).items()
+            ) if options.accelerators else ""  # fmt: skip
+            lines.append(
+                f"    {pin}CORRAL_WORKER_ID={q(wid)} CORRAL_BLOCK_ID={q(block_id)} {cmd} &"
+            )
             lines.append("    pids+=($!)")
         lines.append("    ;;")
     lines += [

@@ -602,6 +602,15 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--pool", default="default", metavar="NAME", help="its pool (default: default)"
     )
     wrk.add_argument(
+        "--accelerator",
+        default=None,
+        metavar="ID",
+        help="pin it to this one accelerator (a GPU's id, e.g. 0, or a MIG UUID): it sets "
+        "CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES and ZE_AFFINITY_MASK to ID before any "
+        "task runs, for its tasks and task processes; give each worker on a machine its own "
+        "(a pool's accelerators key does it for its workers)",
+    )
+    wrk.add_argument(
         "--host", default="127.0.0.1", help="address its peers reach it on (default: 127.0.0.1)"
     )
     ports = wrk.add_mutually_exclusive_group()
@@ -1215,6 +1224,20 @@ def _check_worker_name(name: str | None) -> None:
         )
 
 
+def _pin_accelerator(device: str) -> None:
+    """``worker --accelerator ID``: this process (and the task processes it starts) see
+    only the accelerator ``ID`` (:func:`~actors.providers.accelerator_env`), set before
+    any task runs; ``ValueError`` for an empty or blank ``ID``."""
+    from actors.providers import accelerator_env
+
+    if not device.strip() or device != device.strip():
+        raise ValueError(
+            f"--accelerator must name one device, e.g. --accelerator 0 (or a MIG UUID), got "
+            f"{device!r}; leave it out for a worker that sees every device"
+        )
+    os.environ.update(accelerator_env(device))
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from runtime.errors import MemoryConfigError, PermissionDenied
     from runtime.packages import working_directory_last
@@ -1262,6 +1285,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     if args.deadline is not None:
         _check_deadline(args.deadline, time.time())
+    if args.accelerator is not None:
+        _pin_accelerator(args.accelerator)
     args.peer_port = _peer_port(args.port, args.port_range)
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
@@ -1279,6 +1304,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     if found is not None:  # on stdout, as the join line: a Slurm block's .out has it
         print(f"worker memory limit {found.text()}", flush=True)
+    accelerator = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if accelerator is not None:  # pinned (--accelerator, a pool's accelerators) or given
+        print(f"worker accelerator {accelerator} (CUDA_VISIBLE_DEVICES)", flush=True)
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)

@@ -1130,7 +1130,12 @@ async def start_pools(
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
             provider: Any = LocalProcessProvider(
-                local, env=env, prefix=name, provision_delay=pool.provision_delay, pool=name
+                local,
+                env=env,
+                prefix=name,
+                provision_delay=pool.provision_delay,
+                pool=name,
+                accelerators=pool.accelerators,
             )
         else:
             parts = urlsplit(address)

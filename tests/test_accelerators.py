@@ -1,0 +1,257 @@
+"""Each worker pinned to one accelerator, as Parsl's ``available_accelerators``: a
+pool's ``accelerators`` key (checked when the pool is read), the variables a Slurm
+block's script sets for each worker of a node, the devices a local pool's provider
+hands out and takes back, and the worker's ``--accelerator`` for a worker started by
+hand. No GPU is needed: what is tested is what each worker process sees in its
+environment (``CUDA_VISIBLE_DEVICES`` and the like). Ports: 60100-60999 of 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.pools import pools_from_dicts
+from actors.processes import LocalProcessProvider
+from actors.providers import ACCELERATOR_VARIABLES, BlockSpec, BlockState
+from actors.slurm import SlurmProvider
+from runtime import Cluster
+from runtime.cli_processes import Cli
+from runtime.errors import PoolConfigError
+from tests.helpers import ROOT, free_port_between, wait_until
+
+LIMIT = 60
+
+
+def pinned_to() -> tuple[str, dict[str, str]]:
+    """A task: the worker it ran on and the accelerator variables it saw."""
+    return os.environ.get("CORRAL_WORKER_ID", ""), {
+        k: os.environ.get(k, "") for k in ACCELERATOR_VARIABLES
+    }
+
+
+# ----------------------------------------------------------------------------- the key
+
+
+def test_a_number_is_that_many_devices_from_0_and_a_list_is_taken_as_written() -> None:
+    pools = pools_from_dicts({
+        "gpu": {"accelerators": 4, "workers_per_node": 4},
+        "mig": {"provider": "slurm", "accelerators": ["MIG-a", "MIG-b"], "workers_per_node": 2},
+        "cpu": {},
+    })  # fmt: skip
+    assert pools["gpu"].accelerators == ("0", "1", "2", "3")
+    assert pools["mig"].accelerators == ("MIG-a", "MIG-b")
+    assert pools["mig"].slurm_options().accelerators == ("MIG-a", "MIG-b")
+    assert pools["cpu"].accelerators == ()
+
+
+@pytest.mark.parametrize(
+    ("pool", "says"),
+    [
+        ({"accelerators": 0}, 'or a whole number N >= 1 for "0" to "N-1", got 0'),
+        ({"accelerators": [0, 1]}, "did you mean accelerators = ['0', '1'] (strings)?"),
+        ({"accelerators": []}, "got []"),
+        ({"accelerators": ["0", ""]}, "'' is not one device id"),
+        ({"accelerators": ["0,1"]}, "'0,1' is not one device id (each worker gets exactly one"),
+        ({"accelerators": ["0", "1", "0"]}, "names '0' twice: each device goes to one worker"),
+        # a Slurm node's workers: one device each
+        (
+            {"provider": "slurm", "workers_per_node": 4, "accelerators": ["0", "1"]},
+            "has 2 (0, 1) but workers_per_node = 4 workers run on each node, each pinned to "
+            "one of its own: list 4 device ids, or run at most 2 workers there",
+        ),
+        # a local pool's workers at max_blocks: one device each
+        (
+            {"max_blocks": 3, "workers_per_node": 2, "accelerators": 4},
+            "has 4 (0, 1, 2, 3) but max_blocks (3) x workers_per_node (2) = 6 workers may run "
+            "at once on this machine",
+        ),
+    ],
+)
+def test_a_bad_accelerators_key_is_refused_saying_what_to_write(
+    pool: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(PoolConfigError, match="accelerators") as info:
+        pools_from_dicts({"gpu": pool})
+    assert says in str(info.value), info.value
+    assert info.value.key == "accelerators"
+
+
+def test_two_local_pools_may_not_list_one_device() -> None:
+    with pytest.raises(PoolConfigError, match="which local pool 'a' lists too") as info:
+        pools_from_dicts({"a": {"accelerators": 2}, "b": {"accelerators": ["1", "2"]}})
+    assert info.value.pool == "b"
+    # Slurm pools' devices are their nodes': they may be named alike
+    pools_from_dicts({"a": {"accelerators": 2}, "s": {"provider": "slurm", "accelerators": 2}})
+
+
+def test_in_process_workers_take_no_accelerators() -> None:
+    with pytest.raises(PoolConfigError, match="processes=True"):
+        Cluster(pools={"gpu": {"accelerators": 1}})
+
+
+# ----------------------------------------------------------------------------- Slurm
+
+
+def test_each_worker_of_a_slurm_node_is_pinned_to_its_own_device(tmp_path: Path) -> None:
+    """Two nodes of three workers: on each node, worker i has device i."""
+    pool = pools_from_dicts({"gpu": {
+        "provider": "slurm", "nodes_per_block": 2, "workers_per_node": 3,
+        "accelerators": ["0", "1", "2", "3"],
+    }})["gpu"]  # fmt: skip
+    provider = SlurmProvider(
+        lambda b, i: ["worker", str(i)], pool.slurm_options(), run_dir=tmp_path
+    )
+    wids, script = provider.block_script(1, pool.block_spec())
+    assert len(wids) == 6
+    starts = [ln.strip() for ln in script.splitlines() if "CORRAL_WORKER_ID=" in ln]
+    for i, line in enumerate(starts):
+        device = str(i % 3)
+        pin = " ".join(f"{k}={device}" for k in ACCELERATOR_VARIABLES)
+        assert line.startswith(pin + " ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 CORRAL_WORKER_ID="), line
+        assert line.endswith(f"worker {i} &"), line
+    # without the key, no worker is pinned
+    plain = pools_from_dicts({"cpu": {"provider": "slurm", "workers_per_node": 2}})["cpu"]
+    _, text = SlurmProvider(
+        lambda b, i: ["w"], plain.slurm_options(), run_dir=tmp_path
+    ).block_script(1, plain.block_spec())
+    assert "CUDA_VISIBLE_DEVICES" not in text
+
+
+def test_the_slurm_script_run_by_bash_starts_each_worker_with_its_device(tmp_path: Path) -> None:
+    """The generated script itself, run by bash on this machine as Slurm's node 0 would
+    run it: each worker (here a program printing its variables) sees its own device."""
+    pool = pools_from_dicts({"gpu": {
+        "provider": "slurm", "workers_per_node": 2, "accelerators": ["GPU-a", "GPU-b"],
+    }})["gpu"]  # fmt: skip
+    show = (  # one write a line: the two workers print at once
+        "import os; os.write(1, ' '.join([os.environ['CORRAL_WORKER_ID'], "
+        "*(os.environ[k] for k in %r)]).encode() + b'\\n')"
+    )
+    argv = [sys.executable, "-c", show % (ACCELERATOR_VARIABLES,)]
+    provider = SlurmProvider(lambda b, i: argv, pool.slurm_options(), run_dir=tmp_path)
+    _, script = provider.block_script(1, pool.block_spec())
+    path = tmp_path / "block-1.sh"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ACCELERATOR_VARIABLES}
+    done = subprocess.run(
+        ["bash", str(path)], capture_output=True, text=True, timeout=LIMIT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n")[:-1]) == [
+        "slurm-1.0 GPU-a GPU-a GPU-a",
+        "slurm-1.1 GPU-b GPU-b GPU-b",
+    ]
+
+
+# ----------------------------------------------------------------------------- local
+
+
+def _child(gate: Path) -> list[str]:
+    """A worker stand-in: prints its CUDA_VISIBLE_DEVICES, then waits for ``gate``."""
+    code = (
+        "import os, sys, time\n"
+        "print(os.environ.get('CUDA_VISIBLE_DEVICES', '-'), flush=True)\n"
+        "for _ in range(600):\n"
+        "    if os.path.exists(sys.argv[1]): break\n"
+        "    time.sleep(0.05)\n"
+    )
+    return [sys.executable, "-c", code, str(gate)]
+
+
+@pytest.mark.anyio
+async def test_a_local_provider_gives_each_process_a_free_device_and_takes_it_back(
+    tmp_path: Path,
+) -> None:
+    """Two devices: a block of two takes both; a block started meanwhile fails, saying
+    none is free; once the first block has ended, the next takes a device again."""
+    gate, logs = tmp_path / "gate", tmp_path / "logs"
+
+    def printed(wid: str) -> str:
+        path = logs / f"{wid}.stdout"
+        return path.read_text().strip() if path.exists() else ""
+
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(
+            lambda b, i: _child(gate), log_dir=logs, accelerators=["0", "1"], grace=1
+        ) as provider:
+            first = await provider.start_block(BlockSpec(2))
+            await wait_until(lambda: printed("worker-1.0") and printed("worker-1.1"),
+                             "the first block's processes", limit=LIMIT)  # fmt: skip
+            assert {printed("worker-1.0"), printed("worker-1.1")} == {"0", "1"}
+            late = await provider.start_block(BlockSpec(1))
+            assert await provider.wait_ended(late) is BlockState.FAILED
+            assert "no free accelerator: all 2 (0, 1) are held" in late.detail, late.detail
+            gate.touch()
+            assert await provider.wait_ended(first) is BlockState.COMPLETED
+            again = await provider.start_block(BlockSpec(1))
+            assert await provider.wait_ended(again) is BlockState.COMPLETED
+            assert printed("worker-3") == "0"
+
+
+@pytest.mark.anyio
+async def test_a_local_pools_two_workers_run_tasks_on_two_devices() -> None:
+    """``Cluster(pools=..., processes=True)`` (a manager's local pool too): a pool of two
+    blocks of one worker with ``accelerators = 2``; a task on each worker sees its
+    worker's device, 0 on one and 1 on the other."""
+    pools = {"gpu": {
+        "min_blocks": 2, "max_blocks": 2, "init_blocks": 2, "accelerators": 2,
+        "worker_port_range": "60900-60949",
+    }}  # fmt: skip
+    port = free_port_between(60100, 60199)
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            pools=pools, processes=True, port=port, policies={"placement": "round-robin"}
+        ) as cluster:
+            await cluster.wait_for_workers(2)
+            futures = [cluster.submit(pinned_to, pure=False) for _ in range(2)]
+            seen = [await f.result() for f in futures]
+    assert {wid for wid, _ in seen} == {"gpu-1", "gpu-2"}, seen
+    assert {env["CUDA_VISIBLE_DEVICES"] for _, env in seen} == {"0", "1"}, seen
+    for _, env in seen:  # each variable names the worker's one device
+        assert len(set(env.values())) == 1, env
+
+
+# ----------------------------------------------------------------------------- by hand
+
+
+@pytest.mark.anyio
+async def test_a_worker_started_by_hand_with_accelerator_runs_its_tasks_pinned(
+    tmp_path: Path,
+) -> None:
+    port = free_port_between(60200, 60299)
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager(port=port)
+        cli.env.pop("CUDA_VISIBLE_DEVICES", None)
+        worker = cli.start(
+            "worker", address, "--accelerator", "MIG-7", "--name", "by-hand",
+            "--port-range", "60950-60999",
+        )  # fmt: skip
+        assert "worker accelerator MIG-7 (CUDA_VISIBLE_DEVICES)" in cli.line_with(
+            worker, "worker accelerator"
+        )
+        cli.line_with(worker, "joined")
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            _, env = await c.submit(pinned_to, pure=False).result()
+    assert env == dict.fromkeys(ACCELERATOR_VARIABLES, "MIG-7"), env
+
+
+@pytest.mark.parametrize("device", ["", " 0"])
+def test_a_blank_accelerator_flag_is_refused(device: str) -> None:
+    """Before it reaches for a manager (none listens there)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:60999",
+         "--accelerator", device],
+        capture_output=True, text=True, timeout=LIMIT, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    says = (
+        f"--accelerator must name one device, e.g. --accelerator 0 (or a MIG UUID), got {device!r}"
+    )
+    assert says in done.stderr, done.stderr
