@@ -255,3 +255,19 @@ def test_a_blank_accelerator_flag_is_refused(device: str) -> None:
         f"--accelerator must name one device, e.g. --accelerator 0 (or a MIG UUID), got {device!r}"
     )
     assert says in done.stderr, done.stderr
+
+
+def test_the_gpu_pool_of_deployment_md_pins_its_four_workers(tmp_path: Path) -> None:
+    """docs/deployment.md#gpus: its pool reads as written, asks Slurm for the GPUs
+    (``--gres``) and gives worker i of its node GPU i."""
+    import tomllib
+
+    text = (ROOT / "docs" / "deployment.md").read_text().split("\n### GPUs\n", 1)[1]
+    pool = pools_from_dicts(tomllib.loads(text.split("```toml\n")[1].split("```")[0])["pools"])
+    gpu = pool["gpu"]
+    _, script = SlurmProvider(
+        lambda b, i: ["worker"], gpu.slurm_options(), run_dir=tmp_path
+    ).block_script(1, gpu.block_spec())
+    assert "\n#SBATCH --gres=gpu:4\n" in script
+    for i in range(4):
+        assert f"CUDA_VISIBLE_DEVICES={i} " in script
