@@ -1148,6 +1148,16 @@ class TaskCrashedWorkers(WorkerLost):
 #: ``name-<token>`` is also what ``submit`` and ``dask.delayed`` name a function's call)
 _DASK_KEY = re.compile(r"^\('([A-Za-z_][\w.-]*?)-[0-9a-f]{32}', ")
 
+#: a rechunk's memory: dask plans it in steps (``dask.array.rechunk.plan_rechunk``), whose
+#: intermediate chunks may be far larger than the chunks it reads or writes (a user audit's
+#: median of 40 MiB time chunks into 12.5 MiB space chunks went through 112 MiB ones)
+_RECHUNK = (
+    "it cuts (split) or joins (merge) chunks for a rechunk, and dask's rechunk plans "
+    "intermediate chunks up to array.chunk-size (128 MiB by default), whatever the sizes "
+    "of the chunks it reads and writes: dask.config.set({'array.chunk-size': '32MiB'}) "
+    "before building the array"
+)
+
 #: what a task dask names so does with memory, and how to control it
 _DASK_STEPS = {
     "repartitiontofewer": (
@@ -1156,6 +1166,8 @@ _DASK_STEPS = {
         "input's npartitions, repartition(npartitions=...)): ask for more output "
         "partitions, e.g. groupby(...).agg(..., split_out=N) with N the input's npartitions"
     ),
+    "rechunk-split": _RECHUNK,
+    "rechunk-merge": _RECHUNK,
 }
 
 

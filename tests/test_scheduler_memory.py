@@ -30,7 +30,13 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY, RISE_WINDOW
-from runtime.errors import FLOOR_ADVICE, MemoryStalled, TaskOutOfMemory, floor_warning
+from runtime.errors import (
+    FLOOR_ADVICE,
+    MemoryStalled,
+    TaskOutOfMemory,
+    TaskTooLarge,
+    floor_warning,
+)
 from tests.helpers import (
     GB,
     MB,
@@ -1008,6 +1014,28 @@ def test_a_kill_of_a_task_dask_made_says_how_to_control_it() -> None:
     other = str(TaskOutOfMemory("('getitem-7ec2a708cf2600d0ab11b81e5862c00a', 3)", "w", 1, 2, 1))
     assert "'getitem' is the dask operation" in other and "split_out for a dask" in other
     assert str(TaskOutOfMemory("hog-0", "w", 1, 2, 1)).endswith("terminate fraction.")
+
+
+def test_a_kill_of_a_rechunk_task_names_the_array_chunk_size() -> None:
+    """A user audit's median of a cube (40 MiB time chunks rechunked into 12.5 MiB space
+    chunks) was killed in 'rechunk-merge' and told to make its chunks smaller; the
+    112 MiB chunks came from dask's rechunk planner, bounded by array.chunk-size, which
+    set to 32 MiB made it fit. Both rechunk steps name that setting, and so does a
+    TaskTooLarge of one."""
+    token = "7640d880ec3f3085d25aac4c833e3828"
+    for name in ("rechunk-merge", "rechunk-split"):
+        key = f"('{name}-{token}', 1, 1, 1)"
+        text = str(TaskOutOfMemory(key, "worker-2", 409 * MB, 400 * MB, 1))
+        assert text.endswith(
+            f"raise the terminate fraction. ({name!r} is the dask operation this task "
+            "belongs to: where your code does not call it, dask made it from your "
+            "collection; it cuts (split) or joins (merge) chunks for a rechunk, and dask's "
+            "rechunk plans intermediate chunks up to array.chunk-size (128 MiB by "
+            "default), whatever the sizes of the chunks it reads and writes: "
+            "dask.config.set({'array.chunk-size': '32MiB'}) before building the array.)"
+        ), text
+        large = str(TaskTooLarge(key, 500 * MB, 400 * MB, None))
+        assert "dask.config.set({'array.chunk-size': '32MiB'})" in large, large
 
 
 def test_the_dask_hint_is_for_a_dask_collections_keys_only() -> None:
