@@ -438,6 +438,7 @@ class TaskState:
         "nbytes",
         "oom_alone",
         "oom_own",
+        "oom_rest",
         "oom_worker_floor",
         "ooms",
         "prio",
@@ -546,6 +547,10 @@ class TaskState:
         #: the floor of the worker of that try (memory that is not outputs) when it was
         #: at or past its resume mark, the kill's likelier cause (0: under it)
         self.oom_worker_floor = 0
+        #: of that try's worker RSS, what was neither that process nor outputs in
+        #: memory: the worker's floor (its own process, its other task processes, copies
+        #: on their way; 0: not known)
+        self.oom_rest = 0
         #: retries beyond its budget (free, or charged with none left): at most
         #: ``SchedulerConfig.max_free_retries``
         self.free_retries = 0

@@ -1476,7 +1476,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.first_try = len(ts.tries)
                 ts.lost_tries = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
-                ts.oom_own = ts.oom_worker_floor = 0
+                ts.oom_own = ts.oom_worker_floor = ts.oom_rest = 0
                 ts.free_retries = 0
                 ts.behind = False
                 ts.unneeded = False
@@ -2162,17 +2162,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             # worker running it holds anyway. The outputs were the worker's, not the
             # task's; an emptier worker as large may run it.
             own = res.own_rss
+            rest = max(0, res.rss - own - max(0, ws.memory_bytes)) if own else 0
             alone = not any(t is not ts for t in ws.processing)
-            if alone and own and ws.memory:
-                rest = max(0, res.rss - own - max(0, ws.memory_bytes))
-                if own + rest + ts.in_nbytes < terminate_fence(ws):
-                    alone = False
+            if alone and own and ws.memory and own + rest + ts.in_nbytes < terminate_fence(ws):
+                alone = False
             ts.oom_alone += (alone,)
-            ts.oom_own, ts.oom_worker_floor = own, ws.floor
+            ts.oom_own, ts.oom_worker_floor, ts.oom_rest = own, ws.floor, rest
             tries = len(ts.tries) + 1
             error = TaskOutOfMemory(
-                str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms, own=own, floor=ws.floor
-            )
+                str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms,
+                own=own, floor=ws.floor, rest=rest,
+            )  # fmt: skip
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
         return error
@@ -3143,7 +3143,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         wid, limit, peak = ts.ooms[-1]
         err = TaskOutOfMemory(
             str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere,
-            own=ts.oom_own, floor=ts.oom_worker_floor,
+            own=ts.oom_own, floor=ts.oom_worker_floor, rest=ts.oom_rest,
         )  # fmt: skip
         self._log(ts.key, "oom", f"not retried: {nowhere}")
         self._fail(ts, err)

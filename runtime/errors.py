@@ -1021,6 +1021,12 @@ FLOOR_ADVICE = (
 )
 
 
+#: the share of a worker's RSS at a kill for memory that, neither the killed task's
+#: process nor outputs (its floor), ``TaskOutOfMemory`` states: smaller chunks shrink
+#: only the rest
+FLOOR_SHARE = 0.4
+
+
 #: What to do about a worker whose tasks run in threads and took it past its terminate
 #: fence, which cannot kill them (the scheduler's warning of it, and a client's log line)
 PAST_LIMIT_ADVICE = (
@@ -1079,6 +1085,7 @@ def floor_warning(
 
 __all__ += [
     "FLOOR_ADVICE",
+    "FLOOR_SHARE",
     "PAST_LIMIT_ADVICE",
     "RESTART_ADVICE",
     "floor_warning",
@@ -1213,7 +1220,10 @@ class TaskOutOfMemory(CorralError):
     memory without the worker's (0: not known, thread execution); ``floor``: that
     worker's floor (memory that is not outputs: libraries, task processes) when it was
     at or past its resume mark (0: under it), the kill's likelier cause than the task's
-    size, which the message then leads with (docs/memory.md)."""
+    size, which the message then leads with (docs/memory.md); ``rest``: of ``rss``, what
+    was neither the task's own process nor outputs in memory (the worker's process with
+    its libraries, its other task processes, copies on their way: its floor; 0: not
+    known), which the message states when it is ``FLOOR_SHARE`` of ``rss`` or more."""
 
     def __init__(
         self,
@@ -1227,6 +1237,7 @@ class TaskOutOfMemory(CorralError):
         *,
         own: int = 0,
         floor: int = 0,
+        rest: int = 0,
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
         # one unit in all: MiB while every limit and peak is under a GiB
@@ -1243,6 +1254,13 @@ class TaskOutOfMemory(CorralError):
         why = f" Not retried: {nowhere}." if nowhere else ""
         n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
         itself = f"; the task's own process used {size(own)} of it" if own else ""
+        large = not floor and rss and rest >= FLOOR_SHARE * rss
+        if large:  # a user audit shrank its chunks while 218 of 390 MiB were not the task's
+            itself += (
+                f", and {size(rest)} ({rest / rss:.0%}) was the worker's floor, neither "
+                "that process nor outputs in memory (the worker's own process with its "
+                "libraries, its other task processes, copies on their way)"
+            )
         cause = advice = ""
         if floor:  # the worker's own memory filled it, not the task's
             cause = (
@@ -1251,6 +1269,13 @@ class TaskOutOfMemory(CorralError):
                 "allocator keeps), at or past its resume mark: the worker was nearly "
                 f"full before the task began, and smaller chunks will not help; "
                 f"{FLOOR_ADVICE}."
+            )
+        elif large:
+            advice = (
+                " With a floor that large, smaller chunks shrink only the rest: "
+                f"{FLOOR_ADVICE}; or "
+                "make the task's chunks smaller, or raise the terminate fraction."
+                f"{dask_chunks_hint(key)}"
             )
         else:
             advice = (
@@ -1272,6 +1297,7 @@ class TaskOutOfMemory(CorralError):
             nowhere=nowhere,
             own=own,
             floor=floor,
+            rest=rest,
         )
 
 

@@ -537,6 +537,40 @@ def test_an_oom_try_alone_whose_own_process_stayed_under_the_fence_is_retried_on
     )
 
 
+def test_a_kill_says_how_much_of_the_workers_rss_was_its_floor_when_that_is_large(
+    make_state: Factory,
+) -> None:
+    """A user audit's median on 400 MiB workers in process execution: the worker used
+    389.9 MiB, the task's own process 171.8 MiB, and the error told them to make chunks
+    smaller, while 218 MiB was the worker's floor (its own process with numpy and dask,
+    its other task process). The message says so, with the floor's share, and leads
+    with the floor's advice; a floor under FLOOR_SHARE of the RSS is not mentioned."""
+    s = make_state()
+    join(s, "w1", memory=400 * MB)
+    key = "('rechunk-merge-7640d880ec3f3085d25aac4c833e3828', 1, 1, 1)"
+    submit(s, {key: []}, [key])
+    run(s, event(WorkerMemory, worker="w1", throttled=True, rss=300 * MB,
+                 throttle_at=280 * MB, limit=400 * MB, memory_bytes=20 * MB))  # fmt: skip
+    cmds = finish(s, "w1", key, "oom", rss=410 * MB, rss_peak=410 * MB, own_rss=172 * MB)
+    (erred,) = of(cmds, KeyErred)  # alone, its own 172 + the rest 218 past the fence
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and err.rest == 218 * MB and err.nowhere
+    text = str(err)
+    assert (
+        "the worker used 410.0 MiB of its 400.0 MiB limit while the task ran; the task's "
+        "own process used 172.0 MiB of it, and 218.0 MiB (53%) was the worker's floor, "
+        "neither that process nor outputs in memory (the worker's own process with its "
+        "libraries, its other task processes, copies on their way), past the terminate "
+        "fence (1 try)." in text
+    ), text
+    assert f"With a floor that large, smaller chunks shrink only the rest: {FLOOR_ADVICE}; " in (
+        text
+    )
+    assert "array.chunk-size" in text  # the rechunk's own hint stays
+    small = str(TaskOutOfMemory("hog-0", "w", 390 * MB, 400 * MB, 1, own=300 * MB, rest=90 * MB))
+    assert "floor" not in small and small.endswith("raise the terminate fraction.")
+
+
 def test_an_oom_try_alone_that_needs_the_fence_without_the_outputs_needs_a_larger_worker(
     make_state: Factory,
 ) -> None:
