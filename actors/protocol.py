@@ -7,6 +7,8 @@ What lives here:
   ``TasksDone``).
 - :class:`FileFact`: what the registry needs about one output (scheduler -> registry,
   in ``FileFactsMsg``).
+- :func:`past_limit_logged`: when a thread worker past its terminate fence is logged,
+  one rule for the worker's own line and the scheduler's warning of its reports.
 
 They live apart from the actors that make and read them, so that each side imports
 this module and not the other side's: the worker and its executor need no scheduler
@@ -22,7 +24,7 @@ from typing import Literal, NamedTuple
 
 from runtime.graph import GraphNode, Key, PickledNode
 
-__all__ = ["FileFact", "TaskResult", "ToRun"]
+__all__ = ["PAST_PEAK_LOG_STEP", "FileFact", "TaskResult", "ToRun", "past_limit_logged"]
 
 
 @dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
@@ -110,3 +112,23 @@ class FileFact(NamedTuple):
     consumers: int
     wanted: bool
     file: bool = False  #: a file output (``runtime/files.py``): ``nbytes`` on disk
+
+
+#: a thread worker past its terminate fence is logged again once its excess over its
+#: limit doubled, from at least this fraction of its limit (:func:`past_limit_logged`;
+#: the worker reports each ``actors.worker_state.PAST_PEAK_STEP`` climb, 5% too)
+PAST_PEAK_LOG_STEP = 0.05
+
+
+def past_limit_logged(logged: int, peak: int, limit: int) -> bool:
+    """Whether a thread worker of memory ``limit`` past its terminate fence, whose RSS
+    reached the new high ``peak``, is logged again (the worker's own line at info, the
+    scheduler's at warning: one rule for both), ``logged`` being the peak it was
+    last logged at (0: never): the first time, then each time its excess over the limit
+    at least doubles (from at least ``PAST_PEAK_LOG_STEP`` of the limit), so a task growing
+    far past it is logged a handful of times, not at every 5% (its warning in
+    ``status()["warnings"]`` follows every peak)."""
+    if not logged:
+        return True
+    step = PAST_PEAK_LOG_STEP * limit
+    return peak - limit >= 2 * max(logged - limit, step)

@@ -208,7 +208,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from actors.host_memory import HostLedger
-from actors.protocol import FileFact, TaskResult, ToRun
+from actors.protocol import FileFact, TaskResult, ToRun, past_limit_logged
 from actors.scheduler_disk import (
     DECLARED_OUTPUT,
     FIRM_OUTPUTS,
@@ -420,10 +420,6 @@ MAX_CATEGORIES = 2_000
 #: its own (``WorkerMemory.terminate_at``: before its first memory report, or with its
 #: fence off): the default of ``MemoryConfig.terminate`` (:func:`terminate_fence`)
 TERMINATE = 0.95
-#: a thread worker past its terminate fence is logged again once its excess over its
-#: limit doubled, from at least this fraction of its limit (:func:`past_limit_logged`;
-#: the worker reports each ``actors.worker_state.PAST_PEAK_STEP`` climb, 5% too)
-PAST_PEAK_LOG_STEP = 0.05
 #: a category's RSS rise under this many bytes is noise (pages, allocator slack): not held
 MIN_RISE = 2**20
 #: categories looked at per forgetting, oldest first (those with tasks go to the back)
@@ -588,19 +584,6 @@ class _NotATuple(Exception):
 class _OverBudget(Exception):
     """A policy kind's calls took their budget for this turn: it is not asked again
     until the next one (:meth:`SchedulerState._ask`); its fallback answers."""
-
-
-def past_limit_logged(logged: int, peak: int, limit: int) -> bool:
-    """Whether a thread worker of memory ``limit`` past its terminate fence, whose RSS
-    reached the new high ``peak``, is logged again, ``logged`` being the peak it was
-    last logged at (0: never): the first time, then each time its excess over the limit
-    at least doubles (from at least ``PAST_PEAK_LOG_STEP`` of the limit), so a task growing
-    far past it is logged a handful of times, not at every 5% (its warning in
-    ``status()["warnings"]`` follows every peak)."""
-    if not logged:
-        return True
-    step = PAST_PEAK_LOG_STEP * limit
-    return peak - limit >= 2 * max(logged - limit, step)
 
 
 def terminate_fence(ws: WorkerState) -> float:

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from actors import memory as mem
-from actors.protocol import TaskResult, ToRun
+from actors.protocol import TaskResult, ToRun, past_limit_logged
 from runtime.errors import DiskFull, TaskTimeout
 from runtime.graph import Key
 from runtime.messages import get_data_batches
@@ -374,6 +374,12 @@ class _Fetching:
 #: again each time it climbs this fraction of its limit higher (a bounded number of
 #: reports however far it goes)
 PAST_PEAK_STEP = 0.05
+#: what a worker logs (info) when memory passes its terminate fence with its tasks in
+#: threads; the scheduler's warning of it says the peak, the tasks and what to do
+PAST_FENCE_IN_THREADS = (
+    "past the terminate fence, but tasks run in threads and cannot be killed; run workers "
+    "with execution 'process' to have the fence kill tasks"
+)
 
 
 class WorkerState:
@@ -428,6 +434,8 @@ class WorkerState:
         #: killable): reported to the scheduler (``WorkerMemoryReport.past_peak``), which
         #: warns in its status; 0: never past it
         self.past_peak = 0
+        #: of those, the one it last logged (:func:`actors.protocol.past_limit_logged`)
+        self._past_logged = 0
         #: running task -> the attempt the scheduler was told has started (ReportStarted)
         self.told_started: dict[Key, int] = {}
         #: running task with a timeout -> when to look at it next (see the module's doc)
@@ -1036,20 +1044,16 @@ class WorkerState:
         if over and not self.killable and ev.rss >= self.past_peak + PAST_PEAK_STEP * cfg.limit:
             self.past_peak = ev.rss  # the scheduler is told, each step higher
             out.append(ReportMemory())
-        if over and not self.killable and not self._over_terminate:
-            # Once each time memory climbs past it from under the throttle fence: not
-            # for every sample that moves around the terminate fence.
-            self._over_terminate = True
-            out.append(
-                Log(
-                    "warning",
-                    "past the terminate fence, but tasks run in threads and cannot be "
-                    "killed; run workers with execution 'process' to have the fence kill "
-                    "tasks",
-                    (("rss", ev.rss), ("limit", cfg.limit)),
+            # Logged at info, by the rule the scheduler's warning of the same report
+            # follows (the first crossing, then each doubling of the excess over the
+            # limit): a user audit's median printed each crossing twice, the worker's
+            # line at every climb from under the throttle fence, about 30 in all.
+            if past_limit_logged(self._past_logged, ev.rss, cfg.limit):
+                self._past_logged = ev.rss
+                out.append(
+                    Log("info", PAST_FENCE_IN_THREADS, (("rss", ev.rss), ("limit", cfg.limit)))
                 )
-            )
-        elif ev.rss < cfg.at(cfg.throttle):
+        if ev.rss < cfg.at(cfg.throttle):
             self._over_terminate = False
         # Idle: no task here and every output held on disk (on_disk is a subset of held),
         # no input coming from a peer (its bytes are in memory before the store holds

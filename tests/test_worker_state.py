@@ -24,9 +24,10 @@ from hypothesis.stateful import (
 )
 
 from actors.memory import SPILL_GRACE, MemoryConfig, floor_at_start
-from actors.protocol import TaskResult, ToRun
+from actors.protocol import TaskResult, ToRun, past_limit_logged
 from actors.worker_state import (
     FLOOR_EVENT,
+    PAST_FENCE_IN_THREADS,
     SPARED_EVENT,
     CancelRequested,
     CancelRunning,
@@ -528,50 +529,49 @@ def test_a_task_process_that_did_not_grow_is_spared_and_said_once_per_climb() ->
     assert feed(s, MemorySampled(1.4, 970, grew, began=began))[-1] == Kill("b", 970)
 
 
-def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
+def test_threads_past_the_terminate_fence_are_logged_once_at_info() -> None:
+    """The scheduler warns of the crossing (its report's ``past_peak``) with the peak,
+    the tasks and what to do; the worker's own line of it is at info."""
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)))
     first = feed(s, MemorySampled(1.0, 960))
-    assert [c for c in first if isinstance(c, Log) and c.level == "warning"]
+    assert Log("info", PAST_FENCE_IN_THREADS, (("rss", 960), ("limit", LIMIT))) in first
+    assert not [c for c in first if isinstance(c, Log) and c.level == "warning"]
     assert not [c for c in feed(s, MemorySampled(1.1, 970)) if isinstance(c, Log)]
 
 
-def test_threads_past_the_terminate_fence_tell_the_scheduler_each_step_higher() -> None:
-    """A user audit saw a thread worker at 306% of its limit and only its own log said
-    so: past the terminate fence with tasks in threads, the core keeps the highest RSS
-    (``past_peak``, in its memory reports) and asks for a report at the crossing and
-    each time it climbs ``PAST_PEAK_STEP`` of its limit higher, not for every sample.
-    A worker whose fence kills (process execution) has none."""
+def test_threads_past_the_terminate_fence_are_logged_by_the_schedulers_rule() -> None:
+    """A user audit's median printed about 30 long WARNING lines: each crossing twice,
+    the worker's line at every climb from under the throttle fence, the scheduler's at
+    the first report and at each doubling of the excess over the limit. The worker
+    logs at info, and by that same rule (``actors.protocol.past_limit_logged``): a climb
+    again from under the throttle fence to no higher peak is not logged, nor is a peak
+    whose excess did not double; the scheduler is told each 5% step as before."""
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)))
+    peaks = []
 
-    def reports(t: float, rss: int) -> int:
-        return feed(s, MemorySampled(t, rss)).count(ReportMemory())
-
-    feed(s, MemorySampled(1.0, 900))  # past the throttle fence (reported as such)
-    samples = [(1.1, 940), (1.2, 960), (1.3, 990), (1.4, 1010), (1.5, 3000), (1.6, 2000)]
-    assert [reports(t, rss) for t, rss in samples] == [0, 1, 0, 1, 1, 0]
-    assert s.past_peak == 3000
-    killable = state(nthreads=2, killable=True, spill=None)
-    feed(killable, TasksAssigned(0.0, (task("a"),)))
-    feed(killable, MemorySampled(1.0, 990, (("a", 900),), began=(("a", 100),)))
-    assert killable.past_peak == 0
-
-
-def test_threads_around_the_terminate_fence_are_warned_about_once_per_climb() -> None:
-    """RSS that moves around the terminate fence logged the warning at every crossing
-    (a user audit: 15 times in a few seconds); it comes again only after memory was
-    back under the throttle fence."""
-    s = state()
-    feed(s, TasksAssigned(0.0, (task("a"),)))
-
-    def warned(t: float, rss: int) -> int:
-        return len([c for c in feed(s, MemorySampled(t, rss)) if isinstance(c, Log)
-                    and c.level == "warning"])  # fmt: skip
+    def logged(t: float, rss: int) -> int:
+        out = feed(s, MemorySampled(t, rss))
+        if not peaks or s.past_peak != peaks[-1]:
+            peaks.append(s.past_peak)
+        return len([c for c in out if isinstance(c, Log) and c.event == PAST_FENCE_IN_THREADS])
 
     samples = [(1.0, 960), (1.1, 940), (1.2, 970), (1.3, 800), (1.4, 955), (1.5, 699)]
-    assert [warned(t, rss) for t, rss in samples] == [1, 0, 0, 0, 0, 0]
-    assert warned(1.6, 951) == 1  # climbed again from under the throttle fence
+    assert [logged(t, rss) for t, rss in samples] == [1, 0, 0, 0, 0, 0]
+    assert logged(1.6, 951) == 0  # climbed again from under the throttle fence
+    assert logged(1.7, 1050) == 0  # reported, 5% higher; the excess not doubled
+    assert logged(1.8, 1090) == 0  # under 5% higher than the last report
+    assert logged(1.9, 1100) == 1  # 100 over: twice the 5% step
+    assert logged(2.0, 1150) == 0
+    assert logged(2.1, 1200) == 1  # 200 over: twice 100
+    assert peaks == [960, 1050, 1100, 1150, 1200]  # each reported to the scheduler
+    said, logs = 0, []
+    for peak in peaks:  # as the scheduler logs them (its WorkerPastLimit.log)
+        if past_limit_logged(said, peak, LIMIT):
+            said = peak
+            logs.append(peak)
+    assert logs == [960, 1100, 1200]  # its warnings: the worker's own lines, one for one
 
 
 def test_a_producer_expects_the_output_its_category_made_here() -> None:
