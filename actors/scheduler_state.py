@@ -3091,7 +3091,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         largest = self.largest.get(ts.spec.pool, NO_LIMIT)
         if ts.in_nbytes <= largest:
             return  # a worker that fits it joined meanwhile
-        err = TaskTooLarge(str(ts.key), ts.in_nbytes, int(largest), ts.spec.pool)
+        inputs = [d for d in ts.deps if not d.file]  # (in_nbytes leaves file outputs out)
+        done = sum(d.nbytes > 0 for d in inputs)
+        err = TaskTooLarge(
+            str(ts.key), ts.in_nbytes, int(largest), ts.spec.pool, inputs=len(inputs), done=done
+        )
         self._log(ts.key, "admission", f"too large: {ts.in_nbytes} > {int(largest)}")
         self._fail(ts, err, error_record(err))
 

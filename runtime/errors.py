@@ -1609,19 +1609,44 @@ class TaskTooLarge(CorralError):
     run it, so it was not started (memory admission). ``needed`` is the known size of
     its inputs so far (it fails as soon as that passes the limit, before the rest are
     computed); ``largest`` the largest limit among the workers of ``pool`` (``None``: a
-    task without a pool, which any worker may run)."""
+    task without a pool, which any worker may run); ``inputs``: how many inputs it has
+    in memory (0: not told), ``done``: how many of them are computed so far, whose sizes
+    ``needed`` adds up."""
 
-    def __init__(self, key: str, needed: int, largest: int, pool: str | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        needed: int,
+        largest: int,
+        pool: str | None,
+        *,
+        inputs: int = 0,
+        done: int = 0,
+    ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
         need, limit = size_text(needed), size_text(largest)
         if need == limit:  # just over: say by how much
             need, limit = f"{need} ({needed:,} bytes)", f"{limit}, {largest:,} bytes"
+        if 0 < done < inputs:  # a user audit's 800 MiB cube read "at least 440.0 MiB"
+            need += (
+                f" (of its {inputs} inputs, {done} finished so far: about "
+                f"{size_text(needed * inputs / done)} if the rest are as large)"
+            )
         name = dask_name(key)
         if name is None or name.startswith("finalize"):  # a result to gather, or not dask's
+            blocks = (
+                ", gather its blocks into this client instead, where no worker's limit "
+                "applies (futures = await cluster.submit_graph(x.__dask_graph__(), "
+                "list(dask.core.flatten(x.__dask_keys__()))), then await "
+                "cluster.gather(futures), and assemble them there)"
+                if key.startswith("finalize-") or (name or "").startswith("finalize")
+                else ""
+            )
             advice = (
                 "Write large results to storage from the workers (for example dask.array's "
                 "to_zarr or dask.dataframe's to_parquet) instead of computing them into one "
-                "value, reduce them before gathering, or start workers with a larger --memory."
+                f"value, reduce them before gathering{blocks}, or start workers with a "
+                "larger --memory."
             )
         else:  # a step inside a dask graph: its chunks are too large
             advice = (
@@ -1635,6 +1660,8 @@ class TaskTooLarge(CorralError):
             needed=needed,
             largest=largest,
             pool=pool,
+            inputs=inputs,
+            done=done,
         )
 
 

@@ -132,6 +132,12 @@ def test_fails_as_soon_as_the_finished_inputs_pass_every_limit(make_state: Facto
     assert (err.key, err.needed, err.largest, err.pool) == ("concat", 1200 * MB, GB, None)
     assert bad["concat"].root == "concat" and bad["concat"].root_error is err
     assert "'concat' needs at least 1.17 GiB" in str(err) and "(1.00 GiB)" in str(err)
+    assert (err.inputs, err.done) == (10, 4)
+    assert (
+        "needs at least 1.17 GiB (of its 10 inputs, 4 finished so far: about 2.93 GiB if "
+        "the rest are as large) of inputs in memory at once" in str(err)
+    )
+    assert "gather its blocks" not in str(err)  # not a dask collection's result
     assert "to_zarr" in str(err) and "--memory" in str(err)
     # Its dependent fails as dependents do, naming the root and its error.
     assert isinstance(bad["after"].error, DependencyFailed)
@@ -256,6 +262,28 @@ def test_with_no_worker_in_its_pool_a_task_waits_and_the_first_worker_decides(
         assert isinstance(bad.error, TaskTooLarge)
         assert (bad.error.largest, bad.error.pool) == (512 * MB, "gpu")
         assert "a worker in pool 'gpu' (512.0 MiB)" in str(bad.error)
+
+
+def test_a_whole_collection_too_large_says_how_much_is_known_and_to_gather_its_blocks() -> None:
+    """A user audit's ``cluster.compute(cube)`` of an 800 MiB cube on 400 MiB workers
+    read "needs at least 440.0 MiB": 11 of its 20 chunks. The message counts the
+    inputs, extrapolates, and offers the gather of the blocks into the client, which
+    has no worker's limit (api.md's ``submit_graph(x.__dask_graph__(), keys)``)."""
+    key = "finalize-hlgfinalizecompute-534de5e426c147d28a56ccb49d00e9d6"  # the audit's
+    text = str(TaskTooLarge(key, 440 * MB, 400 * MB, None, inputs=20, done=11))
+    assert (
+        "needs at least 440.0 MiB (of its 20 inputs, 11 finished so far: about 800.0 MiB "
+        "if the rest are as large) of inputs in memory at once, more than the largest "
+        "memory limit of any worker (400.0 MiB); it was not started." in text
+    ), text
+    assert (
+        "reduce them before gathering, gather its blocks into this client instead, where "
+        "no worker's limit applies (futures = await cluster.submit_graph(x.__dask_graph__(), "
+        "list(dask.core.flatten(x.__dask_keys__()))), then await cluster.gather(futures), "
+        "and assemble them there), or start workers with a larger --memory." in text
+    ), text
+    every = str(TaskTooLarge(key, 440 * MB, 400 * MB, None, inputs=2, done=2))
+    assert "finished so far" not in every  # all known: the size is the size
 
 
 def test_waits_while_its_pool_has_no_worker_after_the_last_one_left(
@@ -464,8 +492,15 @@ def test_too_large_advice_fits_the_kind_of_task() -> None:
     results = (
         "Write large results to storage from the workers (for example dask.array's to_zarr "
         "or dask.dataframe's to_parquet) instead of computing them into one value, reduce "
-        "them before gathering, or start workers with a larger --memory."
+        "them before gathering{}, or start workers with a larger --memory."
+    )
+    blocks = (
+        ", gather its blocks into this client instead, where no worker's limit applies "
+        "(futures = await cluster.submit_graph(x.__dask_graph__(), "
+        "list(dask.core.flatten(x.__dask_keys__()))), then await cluster.gather(futures), "
+        "and assemble them there)"
     )
     for key in (f"('finalize-{token}', 0)", f"finalize-hlgfinalizecompute-{token}", "use-1"):
         text = str(TaskTooLarge(key, 600 * 2**20, 400 * 2**20, None))
-        assert text == start.format(key) + results, key
+        gather = blocks if "finalize" in key else ""  # a collection's result: its blocks
+        assert text == start.format(key) + results.format(gather), key
