@@ -40,6 +40,7 @@ SNIPPETS = [
     ("files.md", "async with Cluster(workers=8, prune_depth=2) as cluster:"),
     ("files.md", "def stage(path):"),  # staging inputs from shared storage
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
+    ("api.md", 'da.to_npy_stack("stack", x)'),  # a library call that computes inside
 ]
 
 
