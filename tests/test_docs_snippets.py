@@ -41,6 +41,7 @@ SNIPPETS = [
     ("files.md", "def stage(path):"),  # staging inputs from shared storage
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
     ("api.md", 'da.to_npy_stack("stack", x)'),  # a library call that computes inside
+    ("api.md", "async def progress(cluster: Cluster, every: float = 2.0) -> None:"),
 ]
 
 
