@@ -2681,8 +2681,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._timed.add(ev.kind)
         self.problems.afresh(ev.kind)  # a new policy's errors are told afresh
         self.failing.pop(ev.kind, None)
-        self._spent.pop(ev.kind, None)  # a new policy's time is summed afresh
+        # a new policy's time is summed afresh: its predecessor's calls in this turn, over
+        # turns (a spell) and its slow turns are not the new one's
+        self._turn.pop(ev.kind, None)
+        self._spent.pop(ev.kind, None)
         self._spent_sum.pop(ev.kind, None)
+        self._slow_turns.pop(ev.kind, None)
         name = str(getattr(ev.policy, "name", ev.policy))
         self._swapped(ev.kind, name, param_values(ev.policy), ev.by, ev.why)
         if ev.kind == "placement":

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.scheduler_events import PolicyChanged, PolicyFailed, Tick
+from actors.scheduler_events import GraphSubmitted, PolicyChanged, PolicyFailed, Tick
 from policies.priority import GraphPriority
 from runtime.messages import PolicyErrorCount
-from tests.helpers import Factory, assigned, event, join, make_state, run, submit
+from tests.helpers import Factory, assigned, event, join, make_state, run, specs_for, submit
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
 
@@ -59,6 +59,18 @@ def failed(cmds: list[Any]) -> list[PolicyFailed]:
     return [c for c in cmds if type(c) is PolicyFailed]
 
 
+def three_slow_calls(cmds: list[Any], policy: str, other: int, errors: int) -> PolicyFailed:
+    """What a turn of three 0.5 s priority calls tells, the fallback answering ``other``
+    calls: the policy problem of the turn's last command."""
+    return PolicyFailed(
+        cmds[-1].stimulus_id, "priority", policy,
+        f"priority policy {policy!r} took 1.5 s over 3 call(s) in one turn of the "
+        "scheduler (its budget: 1 s per turn); the scheduler is blocked meanwhile. "
+        f"The built-in fallback answered the turn's other {other} call(s)",
+        errors,
+    )  # fmt: skip
+
+
 def test_a_slow_priority_policy_is_asked_for_its_budget_then_the_fallback_answers(
     make_state: Factory,
 ) -> None:
@@ -71,15 +83,7 @@ def test_a_slow_priority_policy_is_asked_for_its_budget_then_the_fallback_answer
     cmds = run(s, event(PolicyChanged, kind="priority", policy=slow))
     # 0.5 + 0.5 is the budget (1 s), the third call passes it: no more calls this turn.
     assert slow.calls == 3
-    assert failed(cmds) == [
-        PolicyFailed(
-            cmds[-1].stimulus_id, "priority", "slow",
-            "priority policy 'slow' took 1.5 s over 3 call(s) in one turn of the "
-            "scheduler (its budget: 1 s per turn); the scheduler is blocked meanwhile. "
-            "The built-in fallback answered the turn's other 37 call(s)",
-            1,
-        )
-    ]  # fmt: skip
+    assert failed(cmds) == [three_slow_calls(cmds, "slow", 37, 1)]
     assert s.policy_errors == 1 and s.problems.by == {"priority": 1}
     assert s.problems.problem["priority"].startswith("priority policy 'slow' took 1.5 s")
     # The tasks the fallback ranked have the fallback's priority (graph order).
@@ -298,3 +302,61 @@ def test_a_fast_policy_asked_often_is_never_a_slow_spell(make_state: Factory) ->
     keys = [f"big-{i}" for i in range(1200)]
     [told] = failed(submit(s, dict.fromkeys(keys, ()), keys))
     assert told.problem.startswith("priority policy 'slow' took 1.0 s over 1112 call(s) in one")
+
+
+def test_a_policy_set_by_the_user_does_not_inherit_the_slow_turns_of_the_one_it_replaced(
+    make_state: Factory,
+) -> None:
+    """Review 1207f F2: the slow turns of a policy were kept for its kind when the user
+    set another, so after two slow turns of the old one the new one was replaced at its
+    first, in the very turn of the swap (its re-ranking of the ready tasks), and the
+    message blamed it for "3 slow turns". A swap now counts the new policy's turns afresh,
+    as it does its errors and its calls over turns."""
+    timer = FakeTimer()
+    old = SlowPriority(timer)  # 0.5 s a call: three calls, a slow turn, each submit
+    s = make_state(timer=timer, priority=old)
+    for turn in range(2):  # two slow turns of the old policy
+        keys = [f"g{turn}-{i}" for i in range(10)]
+        submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policies["priority"] is old and s.policy_errors == 2
+    new = SlowPriority(timer)
+    new.name = "new"
+    # The swap re-ranks the 20 ready tasks: the new policy's first slow turn, told (its
+    # problems are told afresh) and not replaced.
+    cmds = run(s, event(PolicyChanged, kind="priority", policy=new, by="client-x"))
+    # (errors: the kind's so far, the old policy's two and this one)
+    assert failed(cmds) == [three_slow_calls(cmds, "new", 17, 3)]
+    assert s.policies["priority"] is new
+    # Its own third slow turn replaces it.
+    keys = [f"g2-{i}" for i in range(10)]
+    assert failed(submit(s, dict.fromkeys(keys, ()), keys)) == []  # its second: told already
+    assert s.policies["priority"] is new
+    keys = [f"g3-{i}" for i in range(10)]
+    [last] = failed(submit(s, dict.fromkeys(keys, ()), keys))
+    assert last.policy == "new" and last.replaced and last.errors == 5
+    assert last.problem.endswith(
+        ". 3 slow turns within 300 s: replaced by the default priority policy 'graph'"
+    )
+    assert s.policies["priority"].name == "graph"
+
+
+def test_a_policy_set_in_a_turn_is_not_charged_for_its_predecessors_calls_in_it(
+    make_state: Factory,
+) -> None:
+    """A swap handled in the same turn as events its predecessor was asked about: the
+    turn's budget for the new policy starts afresh (before, the old policy's 0.8 s and the
+    new one's 0.5 s made a slow turn of 1.3 s blamed on the new one)."""
+    timer = FakeTimer()
+    old = SlowPriority(timer, 0.8)
+    s = make_state(timer=timer, priority=old)
+    new = SlowPriority(timer, 0.5)
+    new.name = "new"
+    specs = specs_for(s, {"a": ()}, ["a"])
+    cmds = run(
+        s,
+        event(GraphSubmitted, specs=specs, wanted=("a",)),  # the old policy: 0.8 s
+        event(PolicyChanged, kind="priority", policy=new, by="client-x"),  # re-ranks: 0.5 s
+    )
+    assert (old.calls, new.calls) == (1, 1)
+    assert failed(cmds) == [] and s.policy_errors == 0
+    assert s.policies["priority"] is new
