@@ -360,3 +360,41 @@ def test_a_policy_set_in_a_turn_is_not_charged_for_its_predecessors_calls_in_it(
     assert (old.calls, new.calls) == (1, 1)
     assert failed(cmds) == [] and s.policy_errors == 0
     assert s.policies["priority"] is new
+
+
+class StretchedPriority:
+    """A cheap priority policy (20 µs a call) whose every 25th call takes 12 ms of wall
+    time: the calls a thread switch interrupted, the scheduler waiting for the GIL behind
+    task threads in the same process (review 1207f F1: 55-116 µs a call in wall time for
+    20 µs of CPU in an embedded ``Cluster``, a few calls of several ms)."""
+
+    name = "stretched"
+
+    def __init__(self, timer: FakeTimer) -> None:
+        self.timer, self.calls = timer, 0
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        self.calls += 1
+        self.timer.now += 0.012 if self.calls % 25 == 0 else 0.00002
+        return (task.order,)
+
+
+def test_a_cheap_policy_asked_for_a_large_intake_is_not_a_slow_spell(
+    make_state: Factory,
+) -> None:
+    """Review 1207f F1: a large ``map`` taken in by pieces, one turn each, asks the
+    priority policy for each task; a few of its cheap calls, stretched past 1 ms by
+    thread switches, added up over the turns to a slow spell (and three spells replaced
+    the policy in the middle of the run). A turn whose calls average under
+    ``POLICY_SPELL_MEAN`` (10 ms) is not part of a spell; one turn's budget still counts
+    every call."""
+    timer = FakeTimer()
+    cheap = StretchedPriority(timer)
+    s = make_state(timer=timer, priority=cheap)
+    for piece in range(8):  # one second apart: 0.25 s of calls each, 1 ms or more 0.24 s
+        keys = [f"p{piece}-{i}" for i in range(500)]
+        assert failed(submit(s, dict.fromkeys(keys, ()), keys)) == []
+    assert cheap.calls == 8 * 500 and s.policy_errors == 0
+    assert s.policies["priority"] is cheap
+    # The ranks are the policy's, none the fallback's.
+    assert all(ts.prio == (ts.order,) for ts in s.tasks.values())
