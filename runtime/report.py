@@ -341,6 +341,18 @@ class WorkerTime:
         return self.executing / self.alive if self.alive > 0 else None
 
 
+def _overlapping(window: tuple[float, float] | None, start: str, stop: str | None = None) -> str:
+    """SQL to follow a ``WHERE``'s condition (`` AND ...``), empty without a ``window``:
+    the rows whose span, from ``start`` to ``stop`` (empty: it goes on), overlaps the
+    window; without ``stop``, those whose time ``start`` is in it."""
+    if window is None:
+        return ""
+    lo, hi = window  # (floats: written into the SQL as they are)
+    if stop is None:
+        return f" AND {start} BETWEEN {lo!r} AND {hi!r}"
+    return f" AND {start} <= {hi!r} AND ({stop} IS NULL OR {stop} >= {lo!r})"
+
+
 def _worker_time(
     conn: sqlite3.Connection, run_id: str | None = None, span: tuple[float, float] | None = None
 ) -> tuple[dict[str, dict[str, WorkerTime]], list[tuple[str, str, str, int, float]]]:
@@ -348,8 +360,9 @@ def _worker_time(
     ``tries`` tables, and the tries that did not end ok by run, outcome and what they
     are (``failed``, ``cancelled``, ``retried free``): how many, their seconds
     executing. ``run_id``: that run only; ``span`` (Unix seconds): only what falls in
-    it, lives and tries cut to it. A life still going counts to the run's end or its
-    latest write; a worker of no ``cores`` (an older file) counts one."""
+    it, lives and tries cut to it, and only the tries that overlap it counted (as the
+    report's "failed tries" counts them). A life still going counts to the run's end or
+    its latest write; a worker of no ``cores`` (an older file) counts one."""
     runs = " AND run_id = ?" if run_id is not None else ""
     args = (run_id,) if run_id is not None else ()
     lo, hi = (repr(span[0]), repr(span[1])) if span is not None else ("joined", "1e18")
@@ -372,7 +385,8 @@ def _worker_time(
         "SELECT run_id, COALESCE((SELECT pool FROM workers w WHERE w.run_id = tries.run_id "
         "AND w.worker = tries.worker LIMIT 1), '?'), outcome, " + kind + ", COUNT(*), "
         f"SUM(MAX(0, MIN(ended, {hi}) - MAX(started, {lo}))) FROM tries WHERE started IS NOT "
-        f"NULL AND ended IS NOT NULL{runs} GROUP BY 1, 2, 3, 4 ORDER BY 6 DESC",
+        f"NULL AND ended IS NOT NULL{runs}{_overlapping(span, *_TRY_SPAN)} "
+        "GROUP BY 1, 2, 3, 4 ORDER BY 6 DESC",
         args,
     ):  # fmt: skip
         t = times[rid][pool]
@@ -691,14 +705,8 @@ class _Run:
 
     def _during(self, start: str, stop: str | None = None) -> str:
         """SQL to follow a ``WHERE``'s condition (`` AND ...``), empty without a window:
-        the rows whose span, from ``start`` to ``stop`` (empty: it goes on), overlaps
-        the window; without ``stop``, those whose time ``start`` is in it."""
-        if self.window is None:
-            return ""
-        lo, hi = self.window  # (floats: written into the SQL as they are)
-        if stop is None:
-            return f" AND {start} BETWEEN {lo!r} AND {hi!r}"
-        return f" AND {start} <= {hi!r} AND ({stop} IS NULL OR {stop} >= {lo!r})"
+        the rows whose span overlaps the window (:func:`_overlapping`)."""
+        return _overlapping(self.window, start, stop)
 
     def _before(self, at: str = "time") -> str:
         """SQL (`` AND ...``): the rows up to the window's end (the changes before it too,

@@ -384,6 +384,18 @@ def test_a_poison_task_s_group_says_the_error_its_client_got(tmp_path: Path) -> 
     assert groups["ok"][6] == "worker w1 was lost (crash) with 'ok-0' sent to it"
 
 
+def _window_and_whole(db: Path, since: float, until: float) -> tuple[_Run, _Run]:
+    """The report of the window from ``since`` to ``until`` (Unix seconds), and of the
+    whole run ``RUN``."""
+    read = open_db(db)
+    try:
+        return _Run(read, None, lambda line: None, str(since), str(until)), _Run(
+            read, RUN, lambda line: None
+        )
+    finally:
+        read.close()
+
+
 def test_the_worker_time_of_a_window_is_cut_to_it(tmp_path: Path) -> None:
     """The summary's worker time of a window (``--since``/``--until``): a worker of 2
     cores alive from T0 to T0 + 1000 and its tries from 100 to 300 s (ok) and 500 to
@@ -401,14 +413,26 @@ def test_the_worker_time_of_a_window_is_cut_to_it(tmp_path: Path) -> None:
             (RUN, T0, T0 + 1000),
         )
     conn.close()
-    read = open_db(db)
-    try:
-        window = _Run(read, None, lambda line: None, str(T0 + 200), str(T0 + 600))
-        whole = _Run(read, RUN, lambda line: None)
-    finally:
-        read.close()
+    window, whole = _window_and_whole(db, T0 + 200, T0 + 600)
     cut = window.worker_time["cpu"]
     assert (cut.alive, cut.executing, cut.failed, cut.busy) == (800.0, 200.0, 100.0, 0.25)
     assert window.time_lost == [("error", "failed", 1, 100.0)]
     run = whole.worker_time["cpu"]
     assert (run.alive, run.executing, run.failed) == (2000.0, 400.0, 200.0)
+
+
+def test_the_tries_not_ended_ok_of_a_window_are_those_in_it(tmp_path: Path) -> None:
+    """Review 1207f F3: in a window, "time in tries not ended ok" counted every such try
+    of the run (their seconds cut to the window, 0 for those outside it), so it said 2
+    failed tries where "failed tries" said 1. It counts the tries that overlap the
+    window, as "failed tries" does: failed tries at 110-120 s and 800-810 s, an ok one
+    at 820-830 s, the window 100-200 s."""
+    db = _db(tmp_path, tries=[
+        ("a-1", 1, "a", "w", T0 + 110, T0 + 110, T0 + 120, "error", "ValueError", "ValueError"),
+        ("b-1", 1, "b", "w", T0 + 800, T0 + 800, T0 + 810, "error", "ValueError", "ValueError"),
+        ("c-1", 1, "c", "w", T0 + 820, T0 + 820, T0 + 830, "ok", None, None),
+    ])  # fmt: skip
+    window, whole = _window_and_whole(db, T0 + 100, T0 + 200)
+    assert window.failures == [("error", "ValueError", 1)]
+    assert window.time_lost == [("error", "failed", 1, 10.0)]
+    assert whole.time_lost == [("error", "failed", 2, 20.0)]
