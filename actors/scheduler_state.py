@@ -4382,8 +4382,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         sent, need, _ = copies.pop(ws.id)
         if not copies:
             del self.copies[ts]
-        if self.copy_started:
-            self.copy_started.pop((ts, ws.id), None)
+        # when its worker said it began (None: not known to have begun)
+        began = self.copy_started.pop((ts, ws.id), None) if self.copy_started else None
         ws.copies.discard(ts)
         ws.disk_reserved -= need
         self._update_free(ws)
@@ -4392,7 +4392,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if record:
             stop = self._now if ended is None else max(ended, sent)
             rec = TryRecord(str(ts.key), ws.id, sent, stop, outcome, cause)
-            self._tried(ts, rec, None)
+            self._tried(ts, rec, None, began=began)
 
     def _cancel_copies(self, ts: TaskState, cause: str) -> None:
         for wid in sorted(self.copies.get(ts, ())):
@@ -4452,7 +4452,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._log(ts.key, "processing", f"superseded:{first.id}")
                 rec = TryRecord(str(ts.key), first.id, ts.sent, self._now, "cancelled",
                                 "superseded", ts.queued)  # fmt: skip
-                self._tried(ts, rec, None)
+                self._tried(ts, rec, None, began=first.began.get(ts))
             self._unassign(ts, cancel=True)  # cancels the other copies too
             ts.sent = copy_sent  # the winning try's own, as its record says
             ts.queued = None  # a copy's: no wait of its own

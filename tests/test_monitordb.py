@@ -1225,9 +1225,9 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
 ) -> None:
     """``t-5``'s copy on w2 wins at T0 + 3: the first try, cancelled (superseded), was
-    sent at T0 and ended then, on the same clock as the others (Unix time), and waited
-    from T0 (queued); the copy that won was sent at T0 + 2.1, and its row says so, with
-    no wait (it did not queue)."""
+    sent at T0, began executing then (as w1 said) and ended at T0 + 3, on the same
+    clock as the others (Unix time), and waited from T0 (queued); the copy that won was
+    sent at T0 + 2.1, and its row says so, with no wait (it did not queue)."""
     db = tmp_path / "monitoring.db"
     s = _straggler(make_state)
     recorder, writer = _recorder(db, s)
@@ -1240,10 +1240,54 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tries = _rows(db, "SELECT worker, outcome, cause, sent, started, ended, queued FROM tries "
                   "WHERE key = 't-5' ORDER BY try")  # fmt: skip
     assert tries == [
-        ("w1", "cancelled", "superseded", WALL + T0, None, WALL + T0 + 3, WALL + T0),
+        ("w1", "cancelled", "superseded", WALL + T0, WALL + T0, WALL + T0 + 3, WALL + T0),
         # started, ended: result(); a copy did not wait: no queued
         ("w2", "ok", "speculative", WALL + T0 + 2.1, T0 + 2, T0 + 3, None),
     ]
+
+
+@pytest.mark.anyio
+async def test_a_first_try_a_speculative_copy_superseded_keeps_when_it_began(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Review 1207f F5: the first try that a winning copy superseded had no ``started``
+    although its worker had said when it began, so its time (speculation's stragglers,
+    the longest executions) was missing from the report's "h executing", the busy share
+    and the docs' busiest-workers query. ``t-5`` began on w1 at T0; its copy on w2 wins
+    at T0 + 3: w1's 3 s count, beside its five tries of 1 s."""
+    db = tmp_path / "monitoring.db"
+    s = _straggler(make_state)
+    recorder, writer = _recorder(db, s)
+    _at(s, Tick, T0 + 2.1)
+    _done(s, "w2", "t-5", T0 + 3)
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT started, ended FROM tries WHERE key = 't-5' AND worker = 'w1'") == [
+        (WALL + T0, WALL + T0 + 3)
+    ]
+    assert _rows(db, _doc_sql("The busiest workers")) == [("w1", 6, 8.0), ("w2", 1, 1.0)]
+
+
+@pytest.mark.anyio
+async def test_a_speculative_copy_cancelled_after_it_began_keeps_when_it_began(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Review 1207f F5: a copy cancelled while it executed (its first try won) had no
+    ``started``, though its worker had said when it began. ``t-5``'s copy, sent to w2 at
+    T0 + 2.1, began there at T0 + 2.2 (w2 says at T0 + 2.5 it has run 0.3 s); the first
+    try ends ok on w1 at T0 + 4 and the copy is cancelled (superseded)."""
+    db = tmp_path / "monitoring.db"
+    s = _straggler(make_state)
+    recorder, writer = _recorder(db, s)
+    _at(s, Tick, T0 + 2.1)
+    _at(s, TasksRunning, T0 + 2.5, worker="w2", started=(("t-5", 0, 0.3),))
+    _done(s, "w1", "t-5", T0 + 4)
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    copy = "SELECT outcome, cause, started, ended FROM tries WHERE worker = 'w2'"
+    assert _rows(db, copy) == [("cancelled", "superseded", WALL + T0 + 2.2, WALL + T0 + 4)]
 
 
 @pytest.mark.anyio
