@@ -637,7 +637,7 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 to 9 becomes version 10, in the caller's transaction:
+    """A file of version 2 to 10 becomes version 11, in the caller's transaction:
     from 2 (a row per worker id) its workers' rows become their first lives (version
     3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
