@@ -668,11 +668,11 @@ class _KnownKeys:
 def reject_collection(graph: object) -> None:
     """Raise :class:`GraphError` for anything given where a graph belongs that is not
     one: a mapping (a dict, a ``HighLevelGraph``) or a dask expression. A dask
-    collection (an array, a dataframe, a ``Delayed``: anything with ``__dask_graph__``)
-    gets its own message. Check it before anything else looks at the graph: ``len()`` of
-    a 0-d array or a ``Delayed`` raises ``TypeError``, and ``len()`` of a dataframe
-    computes it."""
-    if isinstance(graph, Mapping | Expr):
+    collection (an array, a dataframe, a ``Delayed``, an xarray ``Dataset``, which is a
+    mapping too: anything with ``__dask_graph__`` but an expression) gets its own
+    message. Check it before anything else looks at the graph: ``len()`` of a 0-d array
+    or a ``Delayed`` raises ``TypeError``, and ``len()`` of a dataframe computes it."""
+    if isinstance(graph, Expr):
         return
     if hasattr(graph, "__dask_graph__"):
         raise GraphError(
@@ -680,6 +680,8 @@ def reject_collection(graph: object) -> None:
             "collection alone, Cluster.compute(x) (its value) or Cluster.submit_graph(x), "
             "or call dask.compute(x, scheduler=get)"
         )
+    if isinstance(graph, Mapping):
+        return
     raise GraphError(
         f"got {type(graph).__name__} {short_repr(graph)} as a graph; a graph is a dict of "
         "keys to tasks, e.g. {'a': 1, 'b': (inc, 'a')}, a HighLevelGraph or a dask "
@@ -689,12 +691,13 @@ def reject_collection(graph: object) -> None:
 
 def holds_collection(obj: object) -> bool:
     """Whether ``obj`` is a dask collection (an array, a dataframe, a bag, a
-    ``Delayed``), or a list or tuple holding one (at any depth), as ``dask.compute``
-    takes them. A graph (a mapping, a dask expression) is none: its keys say what to
-    compute."""
+    ``Delayed``, an xarray ``Dataset`` or ``DataArray``), or a list or tuple holding one
+    (at any depth), as ``dask.compute`` takes them. A graph (a dict, a
+    ``HighLevelGraph``, a dask expression) is none: its keys say what to compute. (A
+    mapping may be a collection: an xarray ``Dataset`` is one.)"""
     if isinstance(obj, list | tuple):
         return any(holds_collection(item) for item in obj)
-    return not isinstance(obj, Expr | Mapping) and is_dask_collection(obj)
+    return not isinstance(obj, Expr) and is_dask_collection(obj)
 
 
 def collections_expr(args: tuple[Any, ...]) -> tuple[Expr, list[Key], Callable[[Any], Any]]:
