@@ -738,36 +738,25 @@ def _taken_in(n: int, began: float | None) -> None:
         )  # fmt: skip
 
 
-async def _for_manager(
-    manager: object, request: SubmitGraphRequest, *, inputs: bool = False
-) -> Message:
+async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
     """What to ask ``manager`` for ``request``: the request itself, or, to a manager in
     another process, a graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more
     (or a dask expression) as the pickle the connection would make of it
     (:func:`runtime.remote.to_wire`), made in a thread, so that its pickling does not
     hold this event loop (docs/embedding.md). Errors are pickling's own, as on the loop.
 
-    ``inputs``: the graph holds :class:`Future` objects (:func:`_futures_in`). An
-    embedded manager takes them as they are (dask reads each as a reference to its key,
-    ``__dask_future__``); to a manager process the graph is pickled here, each future as
-    a ``TaskRef`` to its key (a Future itself does not pickle)."""
+    :class:`Future` objects in the graph (:func:`_futures_in`): an embedded manager
+    takes them as they are (dask reads each as a reference to its key,
+    ``__dask_future__``); to a manager process each goes as a ``TaskRef`` to its key,
+    which is how a future pickles (:meth:`Future.__reduce__`)."""
     if not isinstance(manager, _RemoteManager):
         return request  # an embedded manager takes the objects, and builds large graphs in a thread
     graph = request.graph
     from runtime.remote import to_wire
 
-    reducers: Mapping[type, Callable[[Any], Any]] | None = (
-        {Future: _future_as_ref} if inputs else None
-    )
     if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
-        return to_wire(request, reducers) if inputs else request
-    return await anyio.to_thread.run_sync(to_wire, request, reducers)
-
-
-def _future_as_ref(future: Future) -> tuple[Any, tuple[Key]]:
-    """How a future inside a graph sent to a manager process pickles: as a reference to
-    its key, which dask's graph conversion there makes a dependency."""
-    return TaskRef, (future.key,)
+        return request
+    return await anyio.to_thread.run_sync(to_wire, request)
 
 
 def _futures_in(graph: Any) -> list[Future]:
@@ -1472,6 +1461,23 @@ class Future:
         """A future stands for its task, so it tokenizes as its key: a pure call taking
         it gets the same key each time, without pickling anything (as dask's)."""
         return ("corral.Future", self.key)
+
+    def __reduce__(self) -> tuple[Any, tuple[Key]]:
+        """A future pickles as a reference to its key, dask's ``TaskRef`` (as
+        dask.distributed's pickles as its key), never its value: where dask finds it
+        in a graph (:func:`_futures_in`) that is a dependency; elsewhere, inside an
+        object a task takes (an xarray object in its collection's finalize task, whose
+        dask data are a persisted collection's futures), it reaches a worker or manager
+        process as the reference alone, as the task's other arguments reach it, and the
+        task does not get the value (it gets a future's value when the future is one of
+        its arguments, or in a list, tuple, set or dict among them)."""
+        return TaskRef, (self.key,)
+
+    def __copy__(self) -> Future:
+        return self  # a handle on a key: a copy would be a reference, not a future
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Future:
+        return self
 
     @property
     def released(self) -> bool:
@@ -3062,7 +3068,7 @@ class Cluster:
             n = len(graph) if isinstance(graph, Sized) else 0  # (a dask expression: not known)
             began = _sending(n)
             reply = await self._manager.ask(
-                await _for_manager(self._manager, request, inputs=bool(inputs)), timeout=None
+                await _for_manager(self._manager, request), timeout=None
             )
             _taken_in(n, began)
         except FrameTooLarge as exc:

@@ -1355,7 +1355,10 @@ def unpicklable_error(key: Key, exc: BaseException | str) -> GraphError:
     return GraphError(
         f"task {key!r} cannot be sent to a worker: its function or arguments cannot be "
         f"pickled ({why}). Pass picklable arguments, or create the object (a lock, an "
-        "open file or connection...) inside the task.",
+        "open file or connection...) inside the task. A task dask made for a collection "
+        "(its finalize step takes the collection itself: an xarray object, say) holds "
+        "what the collection holds: make the collection of picklable parts, or run it on "
+        "workers in the client's process (Cluster(workers=N)), which take tasks unpickled.",
         key=key,
         reason=why,
     )

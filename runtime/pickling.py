@@ -9,17 +9,14 @@ from __future__ import annotations
 import collections
 import functools
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["cloudpickle_dumps"]
 
 
 def cloudpickle_dumps(
-    obj: Any,
-    protocol: int = 5,
-    buffer_callback: Callable[[Any], Any] | None = None,
-    reducers: Mapping[type, Callable[[Any], Any]] | None = None,
+    obj: Any, protocol: int = 5, buffer_callback: Callable[[Any], Any] | None = None
 ) -> bytes:
     """``obj`` pickled by cloudpickle (protocol 5), keeping the file names of the code
     it pickles by value: the one way Corral pickles what ``pickle`` cannot (a function
@@ -29,18 +26,11 @@ def cloudpickle_dumps(
     task's traceback read ``File "<dynamic-code>", line 28, in parse``: no file, no
     source line. Here the code keeps its ``co_filename``; a traceback names the
     script's file and, where that file can be read (the client's machine, a worker on
-    the same machine or a shared file system), shows its line.
-
-    ``reducers``: reducers by type (as in ``copyreg``) for this pickle alone, over
-    cloudpickle's (the client sends its futures inside a graph as key references)."""
+    the same machine or a shared file system), shows its line."""
     import io
 
     out = io.BytesIO()
-    pickler: Any = _file_keeping_pickler()
-    if reducers:  # (a pickler reads its dispatch_table when made: a class of its own)
-        table = collections.ChainMap(dict(reducers), pickler.dispatch_table)
-        pickler = type(pickler.__name__, (pickler,), {"dispatch_table": table})
-    pickler(out, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
+    _file_keeping_pickler()(out, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
     return out.getvalue()
 
 

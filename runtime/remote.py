@@ -65,7 +65,7 @@ import math
 import os
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -171,10 +171,10 @@ class MessagesReply(Message):
     items: tuple[Message, ...]
 
 
-def to_wire(msg: Any, reducers: Mapping[type, Callable[[Any], Any]] | None = None) -> Message:
+def to_wire(msg: Any) -> Message:
     """``msg`` itself if the codec can carry it; a tuple of such messages as a
     :class:`MessagesReply`, JSON values as a :class:`JsonReply`; anything else as a
-    :class:`PickledMsg` (pickled with ``reducers`` over cloudpickle's, when given)."""
+    :class:`PickledMsg`."""
     if isinstance(msg, Message) and not type(msg).local:
         return msg
     if type(msg) is tuple and all(isinstance(m, Message) and not type(m).local for m in msg):
@@ -185,7 +185,7 @@ def to_wire(msg: Any, reducers: Mapping[type, Callable[[Any], Any]] | None = Non
     if prepare is not None:  # RunTasks: each task pickled on its own; TasksDone: errors
         msg = prepare(wire_error)
     name = getattr(type(msg), "wire_name", "") or type(msg).__name__
-    return PickledMsg(name, pickling.cloudpickle_dumps(msg, reducers=reducers))
+    return PickledMsg(name, pickling.cloudpickle_dumps(msg))
 
 
 #: deepest nesting of lists and dicts an answer may have to travel as JSON
