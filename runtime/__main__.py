@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from actors.host import MemoryLimit
+    from runtime.monitordb import MonitorWriter, Upgraded
 
 __all__ = ["build_parser", "main"]
 
@@ -977,10 +978,14 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     monitoring = _monitoring_path(args)  # a path: nothing is created yet
 
     gateways: list[Gateway] = []  # its token file, known once it is written
+    writers: list[MonitorWriter] = []  # its monitoring database's, once it is open
 
     def ready(address: str, tokens: Tokens) -> None:
         if monitoring is not None:
             print(f"monitoring database: {monitoring}", flush=True)
+            upgraded = writers[0].upgraded if writers else None
+            if upgraded is not None:
+                print(f"  {_upgraded_line(upgraded)}", flush=True)
             print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
             print(f"  {_history_kept(args.monitoring_keep)}", flush=True)
         if monitoring is not None and keep is not None and not args.monitoring:
@@ -1009,12 +1014,24 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
             reconnect_timeout=args.reconnect_timeout, keep_tokens=args.keep_tokens,
-            on_gateway=gateways.append, scheduler=scheduler, config_file=args.config,
+            on_gateway=gateways.append, on_monitoring=writers.append, scheduler=scheduler,
+            config_file=args.config,
             sources=_manager_sources(args), gc_threshold=args.gc_threshold,
         ),
         backend="asyncio",
     )  # fmt: skip
     return 0
+
+
+def _upgraded_line(upgraded: Upgraded) -> str:
+    """The manager's line under its monitoring database's path when it upgraded an older
+    file in place: from which version, and the copy kept of it as it was."""
+    from runtime.monitordb import SCHEMA_VERSION
+
+    return (
+        f"upgraded from schema {upgraded.was} to {SCHEMA_VERSION}; the file as it was: "
+        f"{upgraded.copy} (an older Corral reads that copy)"
+    )
 
 
 def _history_kept(keep: str | None) -> str:

@@ -8,7 +8,9 @@ writer), :func:`default_path` (where a manager puts it by default) and
 :func:`open_db` (opens one for reading, also one this user may only read, with a
 :class:`~runtime.errors.MonitoringDBError` when it is not one or cannot be read where it
 is). A writer looks at an existing file read-only first and refuses, leaving it as it
-was, one that is not empty and not a monitoring database of a version it writes.
+was, one that is not empty and not a monitoring database of a version it writes, and
+one of an older version that a live process has open; it upgrades one of an older
+version in place after keeping a copy of it as it was (:class:`Upgraded`).
 
 Where the rows come from:
 
@@ -56,7 +58,7 @@ import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
@@ -89,6 +91,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "MonitorRecorder",
     "MonitorWriter",
+    "Upgraded",
     "default_path",
     "give_up_all",
     "open_db",
@@ -552,10 +555,82 @@ def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
     )
 
 
-def _create(path: Path) -> None:
+class Upgraded(NamedTuple):
+    """An older file :func:`_create` upgraded in place to :data:`SCHEMA_VERSION`."""
+
+    was: int  #: the schema version it had
+    copy: Path  #: the file as it was (:func:`_keep_copy`), which that version's Corral reads
+
+
+def _version(conn: sqlite3.Connection) -> int | None:
+    """The schema version of the database ``conn`` reads (None: no version yet)."""
+    if "schema_version" not in _tables(conn):
+        return None
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    return row[0] if row is not None and isinstance(row[0], int) else None
+
+
+def _refuse_live_upgrade(path: Path, was: int) -> None:
+    """Raise :class:`~runtime.errors.MonitoringDBError` when a live process has
+    ``path``, of the older schema version ``was``, open (:func:`being_written`): an
+    older Corral's run writing into it would have every later write refused once the
+    file is upgraded under it (its tables get columns its statements do not fill)."""
+    if being_written(path):
+        raise MonitoringDBError(
+            str(path),
+            f"it has schema version {was}, and a live process has it open: an older "
+            f"Corral's run is writing into it now (or a program reads it). Upgrading it to "
+            f"version {SCHEMA_VERSION} under that run would make the run's writes fail: "
+            "stop it first, or give --monitoring another path",
+        )
+
+
+def _keep_copy(path: Path, was: int) -> Path:
+    """Copy the database ``path`` (in the transaction that upgrades it, before it
+    changes anything) with SQLite's backup API to ``PATH.schemaN`` (``N``: ``was``), or, that
+    name taken (a copy kept before), ``PATH.schemaN.2``, ``.3``...: no file is
+    overwritten. The copy is its owner's alone, as the database. Returns its path;
+    :class:`~runtime.errors.MonitoringDBError` (the upgrade not made) when it cannot be
+    written."""
+    for n in itertools.count(1):
+        copy = Path(f"{path}.schema{was}{'' if n == 1 else f'.{n}'}")
+        try:
+            os.close(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise MonitoringDBError(str(path), _no_copy(was, exc)) from exc
+        break
+    try:  # read through another connection: SQLite's backup refuses ``conn``, which
+        # holds the write lock (no other writer comes between: the copy is as upgraded)
+        src, dest = _connect(str(path)), sqlite3.connect(copy)
+        try:
+            src.backup(dest)
+        finally:
+            src.close()
+            dest.close()
+    except (OSError, sqlite3.Error) as exc:
+        copy.unlink(missing_ok=True)
+        raise MonitoringDBError(str(path), _no_copy(was, exc)) from exc
+    return copy
+
+
+def _no_copy(was: int, exc: BaseException) -> str:
+    return (
+        f"schema version {was}: this Corral upgrades it to version {SCHEMA_VERSION} in place "
+        f"after keeping a copy of it as it is beside it, and that copy cannot be written "
+        f"({exc}); it was left as it is: make room there, or give --monitoring another path"
+    )
+
+
+def _create(path: Path) -> Upgraded | None:
     """Create (or reopen) ``path`` with the schema, in WAL mode. An existing file is
     looked at first, read-only: one that is not empty and not a monitoring database
-    of a version Corral writes is refused unchanged (no table, no WAL mode)."""
+    of a version Corral writes is refused unchanged (no table, no WAL mode); one of an
+    older version that a live process has open (an older Corral's run writing into
+    it) is refused unchanged (:func:`_refuse_live_upgrade`). One of an older version is
+    copied as it is (:func:`_keep_copy`) and upgraded (:func:`_upgrade`): returns
+    what was done (None: nothing upgraded)."""
     try:
         private_dir(path.parent)
     except OSError as exc:
@@ -570,20 +645,25 @@ def _create(path: Path) -> None:
         pass
     except OSError as exc:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
+    was = None
     try:
         if path.exists() and path.stat().st_size > 0:
             peek = _peek(path)
             try:
                 _check_writable(peek, path)
                 if _is_wal(path) and _current(peek):
-                    return  # nothing to make: no write lock to wait for (another
+                    return None  # nothing to make: no write lock to wait for (another
                     # manager writing into it, sharing the path, goes on)
+                was = _version(peek)
             finally:
                 peek.close()
     except sqlite3.DatabaseError as exc:
         raise MonitoringDBError(str(path), _why_not(exc, "Corral can write")) from exc
     except OSError as exc:
         raise MonitoringDBError(str(path), f"cannot read it: {exc}") from exc
+    if was in _UPGRADES:  # (with no connection of this process open on it: being_written)
+        _refuse_live_upgrade(path, was)
+    upgraded = None
     try:
         conn = _connect(str(path))
     except (OSError, sqlite3.Error) as exc:
@@ -593,7 +673,10 @@ def _create(path: Path) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             _check_writable(conn, path)  # again, in the transaction that changes it
-            _upgrade(conn)
+            was = _version(conn)
+            if was in _UPGRADES:  # (another manager may have upgraded it meanwhile)
+                upgraded = Upgraded(was, _keep_copy(path, was))
+                _upgrade(conn)
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -605,6 +688,8 @@ def _create(path: Path) -> None:
         except BaseException:
             if conn.in_transaction:  # (SQLite ends it itself on some errors)
                 conn.execute("ROLLBACK")
+            if upgraded is not None:  # the file stays as it was: no copy of it needed
+                upgraded.copy.unlink(missing_ok=True)
             raise
         conn.execute("COMMIT")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -612,6 +697,16 @@ def _create(path: Path) -> None:
         raise MonitoringDBError(str(path), _why_not(exc, "Corral can write")) from exc
     finally:
         conn.close()
+    if upgraded is not None:
+        _log.warning(
+            f"monitoring database: upgraded in place from schema version {upgraded.was} to "
+            f"{SCHEMA_VERSION} (worker lives, try waits, tracebacks, released outputs, why "
+            "tasks that did not run erred, alert actions, retries, checkpoints, clients, task "
+            "moves, policy swaps); the file as it was is kept beside it: an older Corral "
+            "reads that copy, not this file",
+            path=str(path), copy=str(upgraded.copy),
+        )  # fmt: skip
+    return upgraded
 
 
 def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
@@ -653,21 +748,12 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     ``moves`` (the caller makes it with the schema), with no row for its runs (their
     moves were in the tasks' stories only); from 10, it gets the table ``policies`` (the
     caller makes it with the schema), with no row for its runs."""
-    tables = _tables(conn)
-    if "schema_version" not in tables:
+    was = _version(conn)
+    if was not in _UPGRADES:
         return
-    row = conn.execute("SELECT version FROM schema_version").fetchone()
-    if row is None or row[0] not in _UPGRADES:
-        return
-    for statement in _UPGRADES[row[0]].split(";"):
+    for statement in _UPGRADES[was].split(";"):
         if statement.strip():
             conn.execute(statement)
-    _log.info(
-        f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
-        "try waits, tracebacks, released outputs, why tasks that did not run erred, "
-        "alert actions, retries, checkpoints, clients, task moves, policy swaps)",
-        was=row[0],
-    )
 
 
 def _open_reading(p: Path) -> tuple[sqlite3.Connection, set[str]]:
@@ -758,7 +844,11 @@ class MonitorWriter:
     ``keep`` (seconds; None: for good): a service that runs for days keeps that much
     history. Every :data:`PRUNE_EVERY` seconds, between batches, the thread deletes the
     rows older than that (:func:`prune`), counted in ``pruned`` (by table); the file
-    stops growing, SQLite reusing the freed pages."""
+    stops growing, SQLite reusing the freed pages.
+
+    A file of an older schema version is upgraded in place as it is opened, after a
+    copy of it is kept beside it (``upgraded``); one a live process has open (an older
+    Corral's run writing into it) is refused (:func:`_create`)."""
 
     def __init__(
         self, path: str | os.PathLike[str], *, max_rows: int = 500_000, keep: float | None = None
@@ -766,7 +856,9 @@ class MonitorWriter:
         if keep is not None and not keep > 0:
             raise ValueError(f"keep must be a positive number of seconds, got {keep!r}")
         self.path = Path(path)
-        _create(self.path)
+        #: the older file upgraded in place as it was opened, and the copy of it kept
+        #: (None: none upgraded)
+        self.upgraded = _create(self.path)
         self.max_rows = max_rows
         self.keep = keep
         self.pruned: Counter[str] = Counter()  #: rows deleted as older than ``keep``

@@ -200,7 +200,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from runtime.dashboard import DashboardFeed, Sources
-    from runtime.monitordb import MonitorRecorder
+    from runtime.monitordb import MonitorRecorder, MonitorWriter
     from transport.base import Listener
 
 _log = get_logger("corral.node")
@@ -2805,6 +2805,7 @@ async def run_manager(
     reconnect_timeout: float = RECONNECT_TIMEOUT,
     listen_options: dict[str, Any] | None = None,
     on_gateway: Callable[[Gateway], None] | None = None,
+    on_monitoring: Callable[[MonitorWriter], None] | None = None,
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
     metrics_listen: str | None = None,
     metrics_ready: Callable[[str], None] | None = None,
@@ -2844,7 +2845,9 @@ async def run_manager(
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
     ``monitoring``: the path of the monitoring database it writes (None: none; the
     command line's default is a new run directory, :func:`runtime.monitordb.default_path`);
-    ``monitoring_keep``: seconds of history it keeps (None: all; docs/monitoring.md).
+    ``monitoring_keep``: seconds of history it keeps (None: all; docs/monitoring.md);
+    ``on_monitoring`` is called with its writer once it is open (before ``ready``): its
+    ``upgraded`` says whether an older file was upgraded and where its copy is.
 
     ``config``: configured pools (a TOML file, or pools from
     :func:`~actors.pools.pools_from_dicts`), checked before anything starts
@@ -3005,7 +3008,9 @@ async def run_manager(
             metrics_url = f"http://{host}:{port_bound}/metrics"
             _log.warning("metrics listening (no authentication)", url=metrics_url)
         if monitoring is not None:  # MonitoringDBError (a bad path) from here
-            await start_recorder(plane, monitoring, monitoring_interval, monitoring_keep)
+            recorder = await start_recorder(plane, monitoring, monitoring_interval, monitoring_keep)
+            if on_monitoring is not None and recorder.writer is not None:
+                on_monitoring(recorder.writer)
         if on_gateway is not None:
             on_gateway(gateway)
         if websockets:  # alerts link to the manager's page (served on its listener)

@@ -1720,7 +1720,7 @@ TO_VERSION_7 = TO_VERSION_8 + (
     "UPDATE schema_version SET version = 7; "
 )
 #: makes a new database one of schema version 4, as an older Corral wrote it
-_TO_VERSION_4 = TO_VERSION_7 + (
+TO_VERSION_4 = TO_VERSION_7 + (
     "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
     "ALTER TABLE tries DROP COLUMN moved_to; "
     "ALTER TABLE tries DROP COLUMN traceback; ALTER TABLE tasks DROP COLUMN released; "
@@ -1747,7 +1747,7 @@ def test_a_version_4_file_gets_the_failure_columns_and_is_still_read(tmp_path: P
     db = tmp_path / "monitoring.db"
     _older(
         db,
-        _TO_VERSION_4 + "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
+        TO_VERSION_4 + "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
         "INSERT INTO tasks (run_id, key, category, finished, state, tries) "
         "VALUES ('r', 'a', 'a', 105, 'memory', 1), ('r', 'b', 'b', 106, 'erred', 1); "
         "INSERT INTO tries VALUES ('r', 'a', 1, 'a', 'w1', 104.0, 104.5, 105.0, 'ok', NULL, "
@@ -1799,7 +1799,7 @@ def test_a_version_3_file_gets_the_tries_waits_column_and_is_still_read(tmp_path
     db = tmp_path / "monitoring.db"
     _older(
         db,
-        _TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
+        TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
         "UPDATE schema_version SET version = 3; "
         "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
         "INSERT INTO tasks (run_id, key, ready, started, state) "
@@ -1821,7 +1821,7 @@ def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path:
     db = tmp_path / "monitoring.db"
     _older(
         db,
-        _TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
+        TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
         "DROP TABLE workers; CREATE TABLE workers (run_id TEXT NOT NULL, worker TEXT NOT NULL, "
         "pool TEXT, block TEXT, cores INTEGER, memory INTEGER, joined REAL, left REAL, "
         "cause TEXT, joins INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, worker)); "
