@@ -988,11 +988,19 @@ def _cmd_manager(args: argparse.Namespace) -> int:
                 print(f"  {_upgraded_line(upgraded)}", flush=True)
             print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
             print(f"  {_history_kept(args.monitoring_keep)}", flush=True)
-        if monitoring is not None and keep is not None and not args.monitoring:
-            # a run directory per start: the ended ones older than the history kept go
-            from runtime.monitordb import prune_runs
+            removed = []
+            if keep is not None and not args.monitoring:
+                # a run directory per start: the ended ones older than the history kept go
+                from runtime.monitordb import prune_runs
 
-            prune_runs(monitoring, keep)
+                removed = prune_runs(monitoring, keep)
+            if removed:
+                dirs = "directory" if len(removed) == 1 else "directories"
+                print(
+                    f"  removed {len(removed)} ended run {dirs} older than "
+                    f"{args.monitoring_keep} under {monitoring.parent.parent}",
+                    flush=True,
+                )
         # On stdout, as a worker's join line: an informational line, not a warning record.
         print(f"manager listening on {address}", flush=True)
         if gateways and gateways[0].token_file:

@@ -2,14 +2,17 @@
 (runtime/monitordb.py, upgrade audit): one a live process has open (an older Corral's
 run writing into it) is refused as it is, and the manager stops before it listens;
 one no process has open is copied as it was, then upgraded, and the manager says so
-under its path."""
+under its path. A manager that removed ended run directories (``--monitoring-keep``)
+says how many."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -190,3 +193,29 @@ def test_a_manager_says_under_its_database_that_it_upgraded_it(tmp_path: Path) -
     )
     assert seen[at + 2].startswith("  report: ")
     assert _rows(Path(f"{db}.schema4"), "SELECT version FROM schema_version") == [(4,)]
+
+
+@pytest.mark.timeout(60)
+def test_a_manager_says_how_many_ended_run_directories_it_removed(tmp_path: Path) -> None:
+    """F7: ``--monitoring-keep`` removed older run directories (an older Corral's demo
+    runs too) and said so at info only. Now the start output says how many, beside the
+    history kept."""
+    home = tmp_path / "home"
+    runs = home / "runs"
+    old = time.time() - 3600
+    for name in ("20261201-000000-aaaaaa", "20261201-000001-bbbbbb"):
+        (runs / name).mkdir(parents=True)
+        MonitorWriter(runs / name / "monitoring.db").close()
+        for f in (*(runs / name).iterdir(), runs / name):
+            os.utime(f, (old, old))
+    with Cli(home) as cli:
+        manager = cli.start(
+            "manager", "--listen", f"127.0.0.1:{free_port_between(*PORTS)}",
+            "--monitoring-keep", "1s",
+        )  # fmt: skip
+        seen: list[str] = []
+        cli.line_with(manager, "manager listening on", seen=seen)
+        cli.stop([manager])
+    kept = next(i for i, ln in enumerate(seen) if ln.startswith("  history kept: 1s"))
+    assert seen[kept + 1] == f"  removed 2 ended run directories older than 1s under {runs}\n"
+    assert len(list(runs.iterdir())) == 1  # its own
