@@ -51,7 +51,10 @@ shell: the terminal's job control reaches the worker's group alone, as before)
 system's stop reaches every process of the job, and a terminal's Ctrl-C the worker's
 process group, not the task process's; the worker, told the same moment, stops its task
 processes itself and its tries are lost with it, not failed: SIGTERM by a no-op handler,
-so a program the task runs gets the default action back at exec). A worker killed
+so a program the task runs gets the default action back at exec, and a process it forks
+gets it back at the fork, :func:`_default_sigterm`). It is not daemonic, so that its
+tasks may start ``multiprocessing`` pools (a daemonic process may have no child); the
+worker's exit kills it all the same (:func:`_kill_at_exit`). A worker killed
 outright (SIGKILL, the OOM killer) takes its task processes with it (PDEATHSIG), and
 nothing of it runs to stop the programs they, or its threads, started: for a worker
 Corral started, its parent (a local process provider) kills every process left in the
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -1488,6 +1492,18 @@ def _ignore_signal(signum: int, frame: Any) -> None:
     """A task process's SIGTERM handler: nothing (see :func:`_task_process_main`)."""
 
 
+def _default_sigterm() -> None:
+    """In a process a task process forks (``multiprocessing`` with fork, a
+    ``ProcessPoolExecutor``, ``os.fork``): SIGTERM's default action back, which
+    :func:`_task_process_main` replaced by a no-op for the task process alone. A pool
+    stops its workers with SIGTERM (``Pool.terminate``, which ``with Pool(...)`` calls
+    at its exit, then joins them): with the no-op they would never stop. (An exec'd
+    program gets the default back at exec.) A handler the forking code set itself is
+    left alone."""
+    if signal.getsignal(signal.SIGTERM) is _ignore_signal:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _task_process_main(
     conn: Connection,
     lifeline: Connection,
@@ -1523,6 +1539,7 @@ def _task_process_main(
     # itself. Had SIGTERM killed us first, the try would read as a task error. A
     # handler, not SIG_IGN, so a program the task runs gets the default back at exec.
     signal.signal(signal.SIGTERM, _ignore_signal)
+    os.register_at_fork(after_in_child=_default_sigterm)  # but not in what we fork
     os.set_inheritable(conn.fileno(), False)
     os.set_inheritable(lifeline.fileno(), False)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
@@ -1957,7 +1974,13 @@ class ProcessExecutor(BaseExecutor):
             target=_task_process_main,
             args=(theirs, life_r, os.getpid(), self.sandbox, self.name, self.error_limit),
             name=f"{self.name}-task-{index}",
-            daemon=True,
+            # Not daemonic: a daemonic process may start no child, and a task's
+            # multiprocessing pool (a ProcessPoolExecutor, torch's DataLoader workers,
+            # joblib) must. It never outlives us all the same: its lifeline and
+            # PDEATHSIG end it with us, every stop kills it with its process group, and
+            # so does this process's exit (_kill_at_exit, before multiprocessing's own
+            # exit handler joins it).
+            daemon=False,
         )
         try:
             with _START_LOCK:
@@ -2097,6 +2120,15 @@ def kill_task_processes() -> int:
                     ex._signal(slot, signal.SIGKILL)
                     killed += 1
     return killed
+
+
+@atexit.register  # (after multiprocessing's: run before it, which joins our children)
+def _kill_at_exit() -> None:
+    """At this process's exit, with executors never shut down: SIGKILL their task
+    processes with their process groups (:func:`kill_task_processes`). Idle ones would
+    wait for a job and keep multiprocessing's exit handler, which joins every child
+    that is not daemonic, waiting for them."""
+    kill_task_processes()
 
 
 def stop_resource_tracker() -> None:

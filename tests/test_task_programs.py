@@ -308,6 +308,90 @@ async def test_ctrl_c_of_a_worker_stops_the_programs_its_tasks_started(
             fut.release()
 
 
+# ----------------------------------------------------------------------------- multiprocessing
+
+
+def _square_and_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+def pool_map(how: str) -> tuple[int, list[int], list[str]]:
+    """A task body: map over a 2-process pool (``how``: a fork ``multiprocessing.Pool``
+    or a ``ProcessPoolExecutor``), closed at the ``with``'s exit; the sum, the pids that
+    did the work, and each pool process's SIGTERM action, as it saw it."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if how == "pool":
+        with mp.get_context("fork").Pool(2) as pool:
+            done = pool.map(_square_and_pid, range(20))
+            actions = pool.map(_sigterm_action, range(2))
+    else:
+        with ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as ex:
+            done = list(ex.map(_square_and_pid, range(20)))
+            actions = list(ex.map(_sigterm_action, range(2)))
+    return sum(n for n, _ in done), sorted({pid for _, pid in done}), actions
+
+
+def _sigterm_action(_: int) -> str:
+    return repr(signal.getsignal(signal.SIGTERM))
+
+
+def pool_and_wait(how: str, pidfile: str) -> int:
+    """A task body: start a 2-process pool (``how`` as :func:`pool_map`), write its
+    processes' pids to ``pidfile`` (whole, by a rename), then wait for ever."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if how == "pool":
+        pool = mp.get_context("fork").Pool(2)
+        pids = [p.pid for p in pool._pool]  # type: ignore[attr-defined]
+    else:
+        ex = ProcessPoolExecutor(2, mp_context=mp.get_context("fork"))
+        list(ex.map(_square_and_pid, range(2)))  # (its processes start as work comes)
+        pids = list(ex._processes)
+    tmp = Path(pidfile + ".tmp")
+    tmp.write_text(" ".join(map(str, pids)))
+    tmp.rename(pidfile)
+    while True:
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("how", ["pool", "executor"])
+async def test_a_task_process_s_task_can_use_a_multiprocessing_pool(how: str) -> None:
+    """A task in process execution maps over a pool of 2 processes and returns: the
+    task process is not daemonic (a daemonic process may start no child: every pool
+    failed with 'daemonic processes are not allowed to have children'), and the pool's
+    processes have SIGTERM's default action, not the task process's no-op, which made
+    ``Pool.terminate`` at the ``with``'s exit hang on workers that never stopped. Five
+    tasks in a row, in the same task process."""
+    async with executor("process", 1) as (ex, delivered):
+        assert isinstance(ex, ProcessExecutor)
+        for i in range(5):
+            ex.submit(job(f"{how}-{i}", pool_map, how), {})
+            result, value = await delivered.get(f"{how}-{i}")
+            assert result.outcome == "ok", result.error
+            total, pids, actions = value
+            assert total == sum(x * x for x in range(20))
+            assert 1 <= len(pids) <= 2 and not set(pids) & set(ex.pids())  # real processes
+            assert actions == [repr(signal.SIG_DFL)] * 2
+        (task_pid,) = ex.pids()
+        assert descendants(task_pid) == []  # each pool was closed with its task
+
+
+@pytest.mark.parametrize("how", ["pool", "executor"])
+async def test_a_cancelled_task_s_pool_processes_are_gone(tmp_path: Path, how: str) -> None:
+    pidfile = tmp_path / "pool.pid"
+    async with executor("process", 1) as (ex, delivered):
+        ex.submit(job("pool", pool_and_wait, how, str(pidfile)), {})
+        await wait_until(pidfile.exists, "the pool's pids", limit=BOUND)
+        pids = list(map(int, pidfile.read_text().split()))
+        assert len(pids) == 2 and not any(gone(p) for p in pids)
+        ex.cancel("pool")
+        assert (await delivered.get("pool"))[0].outcome == "cancelled"
+        await wait_until(lambda: all(gone(p) for p in pids), "the pool to be gone", limit=BOUND)
+
+
 # ----------------------------------------------------------------------------- cluster
 
 PROCESS = {"workers": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}}
