@@ -54,7 +54,10 @@ processes itself and its tries are lost with it, not failed: SIGTERM by a no-op 
 so a program the task runs gets the default action back at exec, and a process it forks
 gets it back at the fork, :func:`_default_sigterm`). It is not daemonic, so that its
 tasks may start ``multiprocessing`` pools (a daemonic process may have no child); the
-worker's exit kills it all the same (:func:`_kill_at_exit`). A worker killed
+worker's exit kills it all the same (:func:`_kill_at_exit`). What a task leaves running
+under it when it returns (a program it did not wait for) is killed then, before its
+result goes back, and the worker says so (:func:`_kill_leftovers`): left, it would count
+as the next task's memory. A worker killed
 outright (SIGKILL, the OOM killer) takes its task processes with it (PDEATHSIG), and
 nothing of it runs to stop the programs they, or its threads, started: for a worker
 Corral started, its parent (a local process provider) kills every process left in the
@@ -110,7 +113,7 @@ from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
 from actors.store import Unpicklable
 from runtime import pickling, unpickling
-from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied
+from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied, size_text
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent, own_process_group
@@ -1504,6 +1507,61 @@ def _default_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _mp_helpers() -> set[int]:
+    """The pids of the helper processes ``multiprocessing`` started in this process and
+    keeps for the next use (its fork server, its resource tracker): not a task's
+    leftovers, though they outlive the task that made ``multiprocessing`` start them."""
+    pids: set[int] = set()
+    for module, holder, field in (
+        ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
+        ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+    ):
+        pid = getattr(getattr(sys.modules.get(module), holder, None), field, None)
+        if isinstance(pid, int):
+            pids.add(pid)
+    return pids
+
+
+#: how many times the task process looks again for leftovers (a program may fork while
+#: its parent is being killed)
+_LEFTOVER_ROUNDS = 3
+
+
+def _kill_leftovers() -> list[tuple[str, int, int]]:
+    """Kill (SIGKILL) the programs still running under this task process once its task
+    has returned: what it started and did not wait for (a ``Popen`` it forgot, a server
+    it left), whose memory would otherwise count as the next
+    task's in this slot and get that one killed at the terminate fence. The task
+    process's own children are reaped. ``multiprocessing``'s helpers (:func:`_mp_helpers`)
+    and exited children (zombies: no memory) are left. ``(name, pid, rss)`` of each
+    killed, for the worker to say (none: ``[]``, after one read of this process's lists
+    of children on Linux)."""
+    killed: list[tuple[str, int, int]] = []
+    for _ in range(_LEFTOVER_ROUNDS):
+        pids = descendants(os.getpid())
+        if not pids:
+            break
+        helpers = _mp_helpers()
+        procs: list[psutil.Process] = []
+        for pid in pids:
+            if pid in helpers:
+                continue
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    if proc.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    killed.append((proc.name(), pid, proc.memory_info().rss))
+                procs.append(proc)
+        if not procs:
+            break
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()  # (checks it is still the process it read: never a reuser)
+        psutil.wait_procs(procs, timeout=1.0)  # reaps those that are our children
+    return killed
+
+
 def _task_process_main(
     conn: Connection,
     lifeline: Connection,
@@ -1556,6 +1614,8 @@ def _task_process_main(
         for stream in (sys.stdout, sys.stderr):  # what the task printed, before the result
             with contextlib.suppress(Exception):
                 stream.flush()
+        # What the task left running goes before its result does (its last field).
+        header = (*header, _kill_leftovers())
         try:
             _send(conn, header, reply)
         except OSError:
@@ -1840,7 +1900,21 @@ class ProcessExecutor(BaseExecutor):
             failure = failure or EOFError("the task process sent no reply")
             return self._lost(slot, key, start, failure), None
         slot.tasks += 1
-        return self._result(slot, key, reply[0], reply[1])
+        header, left = reply[0][:-1], reply[0][-1]
+        if left:
+            self._left_running(key, left)
+        return self._result(slot, key, header, reply[1])
+
+    def _left_running(self, key: Key, left: list[tuple[str, int, int]]) -> None:
+        """Say that task ``key`` left programs running when it returned, which its task
+        process killed (:func:`_kill_leftovers`): ``(name, pid, rss)`` of each."""
+        _log.warning(
+            "a task left programs running when it returned: they were killed. A task "
+            "must wait for the programs it starts (a background service it needs is "
+            "started and stopped within it, or runs outside Corral)",
+            worker=self.name, key=key,
+            programs=", ".join(f"{name} (pid {pid}, {size_text(n)})" for name, pid, n in left),
+        )  # fmt: skip
 
     def _recycle(self, slot: _Slot) -> None:
         """Between two tasks: measure the slot's task process idle (the first time,

@@ -64,13 +64,6 @@ def run_tool(pidfile: str, nbytes: int = 0, seconds: float = 100.0) -> int:
     return subprocess.run(argv, check=False).returncode
 
 
-def leave_tool(pidfile: str) -> int:
-    """A task body: start the tool in the background and return at once (the tool
-    runs on after its task)."""
-    subprocess.Popen([sys.executable, "-c", TOOL, pidfile, "0", "100"])
-    return 0
-
-
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -147,20 +140,19 @@ async def test_a_killed_task_process_takes_the_programs_its_task_started(
         await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
 
 
-async def test_shutdown_stops_programs_running_and_left_behind(tmp_path: Path) -> None:
+async def test_shutdown_stops_the_program_of_a_running_task(tmp_path: Path) -> None:
     """The executor's shutdown (the worker's, on Ctrl-C or SIGTERM: the terminal's
     SIGINT no longer reaches a task process's group) stops the program of a running
-    task and one an ended task left running in the background."""
-    running, left = tmp_path / "running.pid", tmp_path / "left.pid"
-    async with executor("process", 2, running, left) as (ex, delivered):
-        ex.submit(job("left", leave_tool, str(left)), {})
-        assert (await delivered.get("left"))[0].outcome == "ok"
+    task. (One an ended task left running is killed as that task returns:
+    :func:`test_programs_a_task_left_running_are_killed_and_named`.)"""
+    running = tmp_path / "running.pid"
+    async with executor("process", 2, running) as (ex, delivered):
         ex.submit(job("running", run_tool, str(running)), {})
-        pids = [await tool_pid(running), await tool_pid(left)]
+        pid = await tool_pid(running)
         with anyio.fail_after(BOUND):
             await anyio.to_thread.run_sync(ex.shutdown, True)
         assert (await delivered.get("running"))[0].outcome == "cancelled"
-        await wait_until(lambda: all(gone(p) for p in pids), "the tools to be gone", limit=BOUND)
+        await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
@@ -390,6 +382,45 @@ async def test_a_cancelled_task_s_pool_processes_are_gone(tmp_path: Path, how: s
         ex.cancel("pool")
         assert (await delivered.get("pool"))[0].outcome == "cancelled"
         await wait_until(lambda: all(gone(p) for p in pids), "the pool to be gone", limit=BOUND)
+
+
+# ----------------------------------------------------------------------------- left running
+
+
+def leave_sleep(pidfile: str) -> int:
+    """A task body: start ``sleep 600`` and return without waiting for it; its pid is
+    in ``pidfile``."""
+    pid = subprocess.Popen(["sleep", "600"]).pid
+    tmp = Path(pidfile + ".tmp")
+    tmp.write_text(str(pid))
+    tmp.rename(pidfile)
+    return pid
+
+
+async def test_programs_a_task_left_running_are_killed_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task that returns with a program still running (a ``Popen`` it did not wait
+    for): the program is killed before its result comes, the worker says so at warning
+    with the task's key and the program, and the next task in the slot starts without
+    it (it counted in that task's memory, and got it killed at the terminate fence)."""
+    pidfile = tmp_path / "sleep.pid"
+    with caplog.at_level("WARNING", logger="corral"):
+        async with executor("process", 1, pidfile) as (ex, delivered):
+            assert isinstance(ex, ProcessExecutor)
+            ex.submit(job("leaves-sleep", leave_sleep, str(pidfile)), {})
+            result, pid = await delivered.get("leaves-sleep")
+            assert result.outcome == "ok", result.error
+            await wait_until(lambda: gone(pid), "the sleep to be gone", limit=BOUND)
+            (task_pid,) = ex.pids()
+            assert descendants(task_pid) == []  # reaped too: no zombie left
+            (record,) = [r for r in caplog.records if "left programs running" in r.getMessage()]
+            assert "leaves-sleep" in record.getMessage()
+            assert f"sleep (pid {pid}," in record.getMessage()
+            ex.submit(job("next", sum, [1, 2]), {})
+            assert (await delivered.get("next"))[1] == 3
+            assert ex.pids() == [task_pid]  # the same task process went on
+    assert len([r for r in caplog.records if "left programs running" in r.getMessage()]) == 1
 
 
 # ----------------------------------------------------------------------------- cluster
