@@ -278,10 +278,12 @@ def _scaling_failing(auto: AutoscalerStatus | None) -> dict[str, str]:
 SUSPECTS_NAMED = 3
 
 
-def crash_suspects_text(suspects: Mapping[str, Sequence[str]]) -> str:
+def crash_suspects_text(suspects: Mapping[str, Sequence[str]], contained: bool = False) -> str:
     """The tasks of ``suspects`` (``StatusReply.crash_suspects``: per task still to run,
     the workers that ended unexpectedly while it was running, or may have been) said as
-    what may be killing the workers, and what to do ("": none)."""
+    what may be killing the workers, and what to do ("": none). ``contained``: the
+    workers run their tasks in task processes already (execution ``process``), so the
+    advice does not send them there."""
     if not suspects:
         return ""
     said = []
@@ -297,8 +299,14 @@ def crash_suspects_text(suspects: Mapping[str, Sequence[str]]) -> str:
         "; ".join(said)
         + (f"; and {more} more (status()['crash_suspects'])" if more > 0 else "")
         + ". It may be what kills them (os._exit, a crash in compiled code): run it alone to "
-        "see, or run the workers with execution 'process' to contain it (docs/api.md#errors, "
-        "TaskCrashedWorkers)"
+        + (
+            "see; the workers run their tasks in task processes already, where a crash "
+            "ends the task's process, not its worker: look for what ends the workers from "
+            "outside (the kernel's OOM killer, a kill) "
+            if contained
+            else "see, or run the workers with execution 'process' to contain it "
+        )
+        + "(docs/api.md#errors, TaskCrashedWorkers)"
     )
 
 
@@ -309,6 +317,7 @@ def _no_workers_news(
     failing: Mapping[str, str] | None = None,
     start: str = "start workers, or replacements of those that died",
     suspects: Mapping[str, Sequence[str]] | None = None,
+    contained: bool = False,
 ) -> _Said:
     """Log a WARNING for each pending ``CorralNoWorkers`` alert of ``alerts`` not in
     ``said`` (a pool with ready tasks and no worker, not for 2 minutes yet); return the
@@ -318,8 +327,9 @@ def _no_workers_news(
     one); ``start``: what starts workers (for an embedded cluster, its ``scale``);
     ``suspects``: the tasks that were running on workers that ended unexpectedly
     (``StatusReply.crash_suspects``), which its hint names first
-    (:func:`crash_suspects_text`)."""
-    blame = crash_suspects_text(suspects or {})
+    (:func:`crash_suspects_text`; ``contained``: the workers run them in task processes
+    already)."""
+    blame = crash_suspects_text(suspects or {}, contained)
     now = time.time()
     pending = set()
     for alert in alerts:
@@ -2246,6 +2256,17 @@ class Cluster:
         if self.manager_alerts is not None:
             await system.start_service(self._log_manager_alerts, manager, self.manager_alerts)
 
+    def _process_execution(self) -> bool:
+        """Whether every worker this cluster starts runs its tasks in task processes
+        (execution ``process``: ``memory_options``, or each pool's own)."""
+        default = self.memory_options.get("execution")
+        if not self.pools:
+            return default == "process"
+        return all(
+            (pool.execution or pool.memory_options.get("execution") or default) == "process"
+            for pool in self.pools.values()
+        )
+
     async def _log_manager_alerts(
         self,
         manager: _RemoteManager | ActorRef[Manager],
@@ -2295,7 +2316,10 @@ class Cluster:
                     if status is not None:
                         failing = _scaling_failing(status.autoscaler)
                         suspects = status.crash_suspects
-                said = _no_workers_news(reply.alerts, said, where, failing, start, suspects)
+                said = _no_workers_news(
+                    reply.alerts, said, where, failing, start, suspects,
+                    contained=not remote and self._process_execution(),
+                )  # fmt: skip
                 first = False
             if isinstance(manager, _RemoteManager):  # (an embedded cluster: not this)
                 await self._look_at_throttling(manager, every)

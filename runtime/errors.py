@@ -1216,8 +1216,9 @@ class TaskOutOfMemory(CorralError):
     ``ooms``: every try killed for memory, oldest first, as ``(worker, limit, peak)``
     (the worker's memory limit and the highest RSS seen while the task ran there);
     ``nowhere``: why it was not retried when a retry was allowed ("" otherwise);
-    ``own``: the highest RSS of its last killed try's own task process, the task's own
-    memory without the worker's (0: not known, thread execution); ``floor``: that
+    ``own``: the highest RSS of its last killed try's own task process with the programs
+    it started (a tool it ran), the task's own memory without the worker's (0: not
+    known, thread execution); ``floor``: that
     worker's floor (memory that is not outputs: libraries, task processes) when it was
     at or past its resume mark (0: under it), the kill's likelier cause than the task's
     size, which the message then leads with (docs/memory.md); ``rest``: of ``rss``, what
@@ -1253,7 +1254,13 @@ class TaskOutOfMemory(CorralError):
         times = "once" if len(ooms) == 1 else f"{len(ooms)} times"
         why = f" Not retried: {nowhere}." if nowhere else ""
         n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
-        itself = f"; the task's own process used {size(own)} of it" if own else ""
+        # (its task process's tree: a tool it ran holds memory there, not the task's
+        # Python code, which the words must not blame alone)
+        itself = (
+            f"; the task's process and the programs it started, if any, used {size(own)} of it"
+            if own
+            else ""
+        )
         large = not floor and rss and rest >= FLOOR_SHARE * rss
         if large:  # a user audit shrank its chunks while 218 of 390 MiB were not the task's
             itself += (

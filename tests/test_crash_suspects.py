@@ -105,6 +105,39 @@ def test_the_warning_names_the_suspects_first() -> None:
     assert "was running" not in plain and "hint='they wait for a worker to join" in plain
 
 
+def test_the_warning_does_not_send_process_workers_to_process_execution() -> None:
+    """Workers that run their tasks in task processes already: the hint does not tell
+    them to (a user audit's Cluster(processes=1, memory_options={"execution":
+    "process"}) was told to run its workers with execution 'process')."""
+    text = crash_suspects_text({"a": ("w1",)}, contained=True)
+    assert "execution 'process'" not in text
+    assert "run their tasks in task processes already" in text
+    assert text.endswith("(docs/api.md#errors, TaskCrashedWorkers)")
+    with log_lines("corral.client", logging.WARNING) as log:
+        _no_workers_news([_pending()], set(), "m", suspects={"a": ("w1",)}, contained=True)
+    (line,) = log.lines
+    assert "task processes already" in line and "execution 'process'" not in line
+
+
+@pytest.mark.parametrize(
+    ("options", "pools", "contained"),
+    [
+        ({}, None, False),
+        ({"execution": "process"}, None, True),
+        ({"execution": "thread"}, None, False),
+        ({"execution": "process"}, {"a": {}, "b": {"execution": "thread"}}, False),
+        ({}, {"a": {"execution": "process"}, "b": {"execution": "process"}}, True),
+    ],
+)
+def test_a_cluster_knows_whether_its_workers_run_tasks_in_processes(
+    options: dict[str, str], pools: dict[str, dict[str, str]] | None, contained: bool
+) -> None:
+    extra = {"pools": {n: {"provider": "local", **p} for n, p in pools.items()}} if pools else {}
+    processes = True if pools else None  # (pools of worker processes take execution)
+    cluster = Cluster(memory_options=options, processes=processes, **extra)  # type: ignore[arg-type]
+    assert cluster._process_execution() is contained
+
+
 #: set at the end of the cluster test: lets the task's thread (in this process) end
 RELEASE = threading.Event()
 

@@ -533,7 +533,8 @@ def test_an_oom_try_alone_whose_own_process_stayed_under_the_fence_is_retried_on
     assert isinstance(err, TaskOutOfMemory) and err.own == 310 * MB and not err.nowhere
     assert (
         "the worker used 0.96 GiB of its 1.00 GiB limit while the task ran; the task's "
-        "own process used 0.30 GiB of it, past the terminate fence (2 tries)" in str(err)
+        "process and the programs it started, if any, used 0.30 GiB of it, past the "
+        "terminate fence (2 tries)" in str(err)
     )
 
 
@@ -585,7 +586,10 @@ def test_an_oom_try_alone_that_needs_the_fence_without_the_outputs_needs_a_large
     err = erred.error
     assert isinstance(err, TaskOutOfMemory) and s.tasks["hog-0"].oom_alone == (True,)
     assert err.nowhere.startswith("a retry goes only to a worker with a memory limit above")
-    assert "; the task's own process used 0.80 GiB of it, past the terminate" in str(err)
+    assert (
+        "; the task's process and the programs it started, if any, used 0.80 GiB of it, "
+        "past the terminate" in str(err)
+    )
 
 
 def test_an_oom_retry_waits_for_a_busy_larger_worker_and_runs_there(make_state: Factory) -> None:
@@ -1165,8 +1169,9 @@ def test_a_kill_on_a_worker_at_its_floor_blames_the_floor_not_the_chunks(
     text = str(err)
     assert text.startswith(
         f"task {key!r} was killed for memory on worker 'w1': the worker used 605.5 MiB of "
-        "its 600.0 MiB limit while the task ran; the task's own process used 35.6 MiB of "
-        "it, past the terminate fence (1 try). Memory that is not outputs was 491.6 MiB of "
+        "its 600.0 MiB limit while the task ran; the task's process and the programs it "
+        "started, if any, used 35.6 MiB of it, past the terminate fence (1 try). Memory "
+        "that is not outputs was 491.6 MiB of "
         "that worker's 600.0 MiB (its floor: libraries, task processes, memory the "
         "allocator keeps), at or past its resume mark: the worker was nearly full before "
         f"the task began, and smaller chunks will not help; {FLOOR_ADVICE}. Killed for "
