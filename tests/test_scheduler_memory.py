@@ -559,7 +559,8 @@ def test_a_kill_says_how_much_of_the_workers_rss_was_its_floor_when_that_is_larg
     text = str(err)
     assert (
         "the worker used 410.0 MiB of its 400.0 MiB limit while the task ran; the task's "
-        "own process used 172.0 MiB of it, and 218.0 MiB (53%) was the worker's floor, "
+        "process and the programs it started, if any, used 172.0 MiB of it, and 218.0 MiB "
+        "(53%) was the worker's floor, "
         "neither that process nor outputs in memory (the worker's own process with its "
         "libraries, its other task processes, copies on their way), past the terminate "
         "fence (1 try)." in text
