@@ -851,8 +851,14 @@ def _cmd_version(args: argparse.Namespace) -> int:
     import dask
 
     from runtime import __version__
+    from runtime.messages import PROTOCOL_VERSION
 
-    print(f"corral {__version__} (Python {platform.python_version()}, dask {dask.__version__})")
+    # The protocol version tells two checkouts of one release apart (deployment.md,
+    # Upgrading Corral): a manager serves only workers, clients and consoles of its own.
+    print(
+        f"corral {__version__} (protocol {PROTOCOL_VERSION}, Python "
+        f"{platform.python_version()}, dask {dask.__version__})"
+    )
     return 0
 
 

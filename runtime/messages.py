@@ -109,6 +109,29 @@ class Pong(Message):
 #: then says which version the refusing side runs.
 CORRAL_VERSION = "0.1.0"
 
+#: The version of the protocol between a manager and its workers, clients and consoles,
+#: sent in every ``Hello`` (``Hello.protocol``). A manager serves only peers of its own
+#: version: it refuses any other at its Hello (a ``Refused`` frame carrying
+#: :class:`ProtocolMismatch`, which a peer of any Corral version reads), before a worker
+#: is registered or a client submits anything (docs/deployment.md, Upgrading Corral).
+#: Bump it by one in the commit that changes what crosses between those processes in a
+#: way the other side's code cannot read, or would misread: a field added to, removed
+#: from, renamed or retyped in a message that crosses (runtime/messages.py, the Hello,
+#: Welcome and ``Refused`` frames, the typed replies; the codec refuses a field it does
+#: not know), a message type an older peer could be sent, a field whose meaning
+#: changes, or an attribute of a process-local message that crosses pickled (a client's
+#: ``SubmitGraphRequest``, a worker's ``RunTasks``). The first frames themselves must
+#: stay readable by every version: ``Hello`` only gains fields with defaults (an older
+#: manager refuses a field it does not know, which a newer worker reports as "upgrade
+#: the manager first"), and ``Refused`` never changes. 0: a peer from before protocol
+#: versions (its Hello has no ``protocol``).
+#: Defined here, at the base, beside :data:`CORRAL_VERSION`, so that ``check``'s probe
+#: (runtime/preflight.py) compares it; ``runtime.node.PROTOCOL_VERSION`` is the same.
+#: tests/test_protocol_version.py fingerprints the messages' catalogue: a change to it
+#: fails there until it is recorded, under a raised version or (a change no older peer
+#: can notice, a process-local message that never crosses) under the same one.
+PROTOCOL_VERSION = 2
+
 
 #: The ``kind`` of the :class:`ErrorReply` a transport hands its reader in place of a
 #: reply it could not decode (transport/ws.py): the ask fails with ``ProtocolError`` at

@@ -105,6 +105,7 @@ from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
     CORRAL_VERSION,
+    PROTOCOL_VERSION,
     AlertRuleAdd,
     AlertRuleRemove,
     AlertsRequest,
@@ -222,26 +223,8 @@ RECONNECT_TIMEOUT = 10.0
 HELLO_TIMEOUT = 10.0
 #: What the listener's refusal log and ``corral_refused_connections_total`` call it
 NO_HELLO = "no hello"
-#: The version of the protocol between a manager and its workers, clients and consoles,
-#: sent in every ``Hello`` (``Hello.protocol``). A manager serves only peers of its own
-#: version: it refuses any other at its Hello (a ``Refused`` frame carrying
-#: :class:`ProtocolMismatch`, which a peer of any Corral version reads), before a worker
-#: is registered or a client submits anything (docs/deployment.md, Upgrading Corral).
-#: Bump it by one in the commit that changes what crosses between those processes in a
-#: way the other side's code cannot read, or would misread: a field added to, removed
-#: from, renamed or retyped in a message that crosses (runtime/messages.py, the Hello,
-#: Welcome and ``Refused`` frames, the typed replies; the codec refuses a field it does
-#: not know), a message type an older peer could be sent, a field whose meaning
-#: changes, or an attribute of a process-local message that crosses pickled (a client's
-#: ``SubmitGraphRequest``, a worker's ``RunTasks``). The first frames themselves must
-#: stay readable by every version: ``Hello`` only gains fields with defaults (an older
-#: manager refuses a field it does not know, which a newer worker reports as "upgrade
-#: the manager first"), and ``Refused`` never changes. 0: a peer from before protocol
-#: versions (its Hello has no ``protocol``).
-#: tests/test_protocol_version.py fingerprints the messages' catalogue: a change to it
-#: fails there until it is recorded, under a raised version or (a change no older peer
-#: can notice, a process-local message that never crosses) under the same one.
-PROTOCOL_VERSION = 2
+# PROTOCOL_VERSION, which every Hello carries, is defined in runtime/messages.py (at the
+# base, so that `check`'s probe compares it too) and exported from here as well.
 #: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0

@@ -103,6 +103,7 @@ from runtime.errors import (
     size_text,
 )
 from runtime.log import get_logger
+from runtime.messages import PROTOCOL_VERSION
 
 __all__ = [
     "ALERTMANAGER_ADVICE",
@@ -145,13 +146,22 @@ _log = get_logger("corral", component="preflight")
 #: What a probe prints (one line) before its JSON.
 PROBE_MARK = "CORRAL-PROBE "
 
-#: What a probe runs: import Corral and dask the way a worker does; print the versions.
+#: What a probe runs: import Corral and dask the way a worker does; print the versions,
+#: the protocol version too (``PROTOCOL_VERSION``, in runtime/messages.py, and in
+#: runtime/node.py in the first checkouts that had one: two checkouts of one release
+#: differ only there; absent in a Corral from before them, which the manager counts as
+#: protocol 0).
 PROBE_CODE = (
     "import json, platform, sys\n"
     "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
     "try:\n"
-    "    import dask, runtime\n"
+    "    import dask, runtime, runtime.messages\n"
     "    out.update(corral=runtime.__version__, dask=dask.__version__)\n"
+    "    protocol = getattr(runtime.messages, 'PROTOCOL_VERSION', None)\n"
+    "    if protocol is None:\n"
+    "        import runtime.node\n"
+    "        protocol = getattr(runtime.node, 'PROTOCOL_VERSION', 0)\n"
+    "    out['protocol'] = protocol\n"
     "except Exception as exc:\n"
     "    out['error'] = f'{type(exc).__name__}: {exc}'\n"
     f"print({PROBE_MARK!r} + json.dumps(out), flush=True)\n"
@@ -208,6 +218,7 @@ class Versions:
     python: str
     corral: str
     dask: str
+    protocol: int = PROTOCOL_VERSION  #: what a manager and its peers speak (Hello)
 
     @classmethod
     def here(cls) -> Versions:
@@ -216,7 +227,7 @@ class Versions:
         # The package `runtime` (loaded before this module) re-exports the user API:
         # its version is read from the loaded module, not imported from this layer.
         corral = str(sys.modules["runtime"].__version__)
-        return cls(platform.python_version(), corral, str(dask.__version__))
+        return cls(platform.python_version(), corral, str(dask.__version__), PROTOCOL_VERSION)
 
 
 def parse_probe_output(text: str) -> dict[str, Any] | None:
@@ -237,7 +248,11 @@ def _minor(version: str) -> str:
 
 def compare_versions(mine: Versions, probe: Mapping[str, Any]) -> list[str]:
     """What differs between the manager (``mine``) and a probe's report: one text per
-    mismatch naming both sides (Python by major.minor, Corral and dask exactly)."""
+    mismatch naming both sides (Python by major.minor, Corral and dask exactly, and the
+    protocol version: a report without one is of a Corral from before protocol
+    versions, protocol 0). Two checkouts of one release say the same Corral version;
+    only their protocol versions tell them apart, and the manager refuses workers of
+    another one at their Hello."""
     out = []
     theirs = str(probe.get("python", "?"))
     if _minor(theirs) != _minor(mine.python):
@@ -246,10 +261,23 @@ def compare_versions(mine: Versions, probe: Mapping[str, Any]) -> list[str]:
         got = str(probe.get(key, "?"))
         if got != ours:
             out.append(f"{name} {got} on the workers, {ours} in the manager")
+    protocol = probe.get("protocol", 0)
+    if protocol != mine.protocol:
+        if not isinstance(protocol, int):
+            age, todo = "another", "install the manager's Corral where the workers run"
+        elif protocol < mine.protocol:
+            age, todo = "an older", "install the manager's Corral where the workers run"
+        else:
+            age, todo = "a newer", "upgrade the manager first, or give the workers its Corral"
+        out.append(
+            f"Corral protocol {protocol} on the workers, {mine.protocol} in the manager: "
+            f"the workers run {age} Corral checkout than the manager, which would refuse "
+            f"them at their Hello; {todo}"
+        )
     return out
 
 
-_NAMES = (("python", "Python"), ("corral", "Corral"), ("dask", "dask"))
+_NAMES = (("python", "Python"), ("corral", "Corral"), ("dask", "dask"), ("protocol", "protocol"))
 
 
 def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str) -> CheckResult:
@@ -281,8 +309,10 @@ def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str)
         return CheckResult(
             pool, "probe", FAIL, f"version mismatch: {'; '.join(wrong)} ({where})",
             "Workers must run the manager's versions: install the same Corral and dask "
-            "(and a Python of the same major.minor) where the workers run, or fix what "
-            "worker_init puts on PYTHONPATH.",
+            "(Corral of the same release and checkout: the same protocol; a Python of "
+            "the same major.minor) where the workers run, or fix what worker_init puts "
+            "on PYTHONPATH or which venv it activates (docs/deployment.md, Upgrading "
+            "Corral).",
         )  # fmt: skip
     return CheckResult(pool, "probe", PASS, f"{seen}, as in the manager ({where})")
 

@@ -4,15 +4,19 @@ it was invoked."""
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
 
+from runtime import __version__
 from runtime.__main__ import COMMANDS, main
+from runtime.messages import PROTOCOL_VERSION
 from tests.helpers import Cli, free_port_between
 
 
@@ -176,6 +180,11 @@ def test_dash_dash_version_prints_the_versions(before: list[str]) -> None:
     done = _cli(*before, "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout == _cli("version").stdout and done.stdout.startswith("corral "), done
+    # the protocol version tells two checkouts of one release apart (user audit upgrade F3)
+    assert done.stdout == (
+        f"corral {__version__} (protocol {PROTOCOL_VERSION}, Python "
+        f"{platform.python_version()}, dask {dask.__version__})\n"
+    ), done
 
 
 @pytest.mark.timeout(60)

@@ -28,12 +28,15 @@ import runtime
 from actors.pools import pools_from_dicts
 from actors.worker import host_cpus
 from runtime.errors import size_text
+from runtime.messages import PROTOCOL_VERSION
 from runtime.preflight import (
     FAIL,
     PASS,
+    PROBE_CODE,
     WARN,
     CheckResult,
     Versions,
+    _judge_probe,
     check_directories,
     check_directory,
     check_partition,
@@ -616,11 +619,13 @@ def test_version_comparison_names_both_sides() -> None:
     mine = Versions("3.11.7", "0.1.0", "2025.1.0")
     same = parse_probe_output(
         'corral: block probe ...\nCORRAL-PROBE {"python": "3.11.9", "corral": "0.1.0", '
-        '"dask": "2025.1.0", "executable": "/usr/bin/python3"}\n'
+        f'"dask": "2025.1.0", "protocol": {PROTOCOL_VERSION}, '
+        '"executable": "/usr/bin/python3"}\n'
     )
     assert same is not None and compare_versions(mine, same) == []  # patch level ignored
     other = parse_probe_output(
-        'CORRAL-PROBE {"python": "3.12.1", "corral": "0.2.0", "dask": "2024.12.1"}'
+        f'CORRAL-PROBE {{"python": "3.12.1", "corral": "0.2.0", "dask": "2024.12.1", '
+        f'"protocol": {PROTOCOL_VERSION}}}'
     )
     assert other is not None
     assert compare_versions(mine, other) == [
@@ -629,6 +634,56 @@ def test_version_comparison_names_both_sides() -> None:
         "dask 2024.12.1 on the workers, 2025.1.0 in the manager",
     ]
     assert parse_probe_output("Traceback (most recent call last):\n...") is None
+
+
+def test_the_probe_fails_a_checkout_of_another_protocol_of_the_same_release() -> None:
+    """A user audit (upgrade F3): a worker environment of an older checkout of the same
+    release (both say Corral 0.1.0) passed the probe, and the manager then refused
+    every worker of the pool. The protocol version tells them apart: a report without
+    one is of a Corral from before protocol versions (0)."""
+    mine = Versions("3.11.7", "0.1.0", "2025.1.0", 1)
+    old = {"python": "3.11.7", "corral": "0.1.0", "dask": "2025.1.0"}  # no protocol
+    assert compare_versions(mine, old) == [
+        "Corral protocol 0 on the workers, 1 in the manager: the workers run an older "
+        "Corral checkout than the manager, which would refuse them at their Hello; install "
+        "the manager's Corral where the workers run"
+    ]
+    assert compare_versions(mine, {**old, "protocol": 2}) == [
+        "Corral protocol 2 on the workers, 1 in the manager: the workers run a newer "
+        "Corral checkout than the manager, which would refuse them at their Hello; upgrade "
+        "the manager first, or give the workers its Corral"
+    ]
+    here = Versions.here()
+    old = {"python": here.python, "corral": here.corral, "dask": here.dask}
+    got = _judge_probe("cpu", old, "here", "")
+    assert got.status == FAIL and got.detail.startswith("version mismatch: Corral protocol 0")
+    assert "Corral of the same release and checkout: the same protocol" in got.advice
+
+
+def test_the_real_probe_reports_the_protocol_of_the_corral_it_imports(tmp_path: Path) -> None:
+    """PROBE_CODE run by a Python: this Corral's protocol; an older Corral's (a
+    ``runtime`` package whose node module has no PROTOCOL_VERSION), 0, which fails."""
+    here = subprocess.run(
+        [sys.executable, "-c", PROBE_CODE], capture_output=True, text=True, timeout=60
+    )
+    report = parse_probe_output(here.stdout)
+    assert report is not None and report["protocol"] == PROTOCOL_VERSION, here
+    assert compare_versions(Versions.here(), report) == []
+    older = tmp_path / "older"
+    (older / "runtime").mkdir(parents=True)
+    (older / "runtime" / "__init__.py").write_text(f"__version__ = {runtime.__version__!r}\n")
+    for module in ("messages", "node"):  # as in a Corral from before protocol versions
+        (older / "runtime" / f"{module}.py").write_text("CORRAL_VERSION = '0.1.0'\n")
+    env = {**os.environ, "PYTHONPATH": str(older)}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_CODE], capture_output=True, text=True, timeout=60,
+        cwd=older, env=env,
+    )  # fmt: skip
+    report = parse_probe_output(done.stdout)
+    assert report is not None and report["protocol"] == 0, done
+    result = _judge_probe("cpu", report, "here", "")
+    assert result.status == FAIL, result
+    assert "Corral protocol 0 on the workers" in result.detail, result
 
 
 def test_test_only_answers_are_parsed() -> None:
