@@ -70,7 +70,6 @@ from runtime.errors import (
     AuthenticationFailed,
     ClusterAlreadyStarted,
     ClusterClosed,
-    ConnectFailed,
     CorralError,
     DaskOnlyArgument,
     DependencyFailed,
@@ -2368,37 +2367,21 @@ class Cluster:
         the gateway's ``Welcome``; return the client's name. Its ``Refused`` is raised: a
         read token gets :class:`PermissionDenied` saying which token to pass instead,
         and where it is."""
-        from runtime.codec import Frame
-        from runtime.node import Hello, Welcome
-        from runtime.remote import Refused, not_welcomed, refusal_error
-        from transport import ConnectionClosed
+        from runtime.node import Hello, say_hello
 
         name = self.client_id
-        await conn.send(Frame(Hello("client", name)))
         try:
-            with anyio.fail_after(limit):
-                answer = (await conn.receive()).msg
-        except TimeoutError:
-            raise ConnectFailed(
-                address, f"the manager did not answer this client's Hello within {limit:g} s"
-            ) from None
-        except ConnectionClosed as exc:
-            raise ConnectFailed(
-                address, f"the connection closed before the manager answered ({exc})"
-            ) from None
-        if isinstance(answer, Welcome):
-            return name
-        if not isinstance(answer, Refused):
-            raise not_welcomed(answer, address, "client")
-        error = refusal_error(answer, allow_pickle=True)
-        if getattr(error, "what", None) == "Hello as a client":  # the read-only token
-            where = getattr(error, "token_file", "")  # as the manager tells it
+            await say_hello(conn, Hello("client", name), address, limit, allow_pickle=True)
+        except PermissionDenied as error:
+            if getattr(error, "what", None) != "Hello as a client":
+                raise
+            where = getattr(error, "token_file", "")  # the read-only token, as the manager tells
             raise PermissionDenied(
                 "Hello as a client",
                 f"{error}. {self._read_token_source(address, where)}",
                 token_file=where,
             ) from None
-        raise error
+        return name
 
     def _read_token_source(self, address: str, token_file: str) -> str:
         """Where the read token this client presented came from, and which to pass:

@@ -68,6 +68,7 @@ from runtime.errors import (
     ConsoleError,
     CorralError,
     PermissionDenied,
+    ProtocolError,
     RemoteError,
     size_text,
 )
@@ -314,6 +315,22 @@ _BUILTIN_ERRORS: dict[str, type[Exception]] = {
 }
 
 
+def _as_itself(exc: RemoteError, what: str) -> Exception:
+    """The manager's error ``exc`` (a :class:`RemoteError`: the console unpickles
+    nothing) as its own type where the console knows it: a refusal of this connection's
+    role (``what``: the message refused) as ``PermissionDenied``, the refusal of
+    another protocol version as a ``ProtocolError`` (its text says what to upgrade),
+    ``ValueError`` and the like as themselves."""
+    kind, text = getattr(exc, "kind", ""), getattr(exc, "text", str(exc))
+    if kind == "PermissionDenied":  # the gateway's text: which role may, whom to ask
+        return PermissionDenied(what, text)
+    if kind == "ProtocolMismatch":
+        return ProtocolError(text)
+    if kind in _BUILTIN_ERRORS:
+        return _BUILTIN_ERRORS[kind](text)
+    return exc
+
+
 def cancel_text(what: str, data: dict[str, Any]) -> str:
     """The console's line for a cancel's answer ``data`` (of ``what``: "run run-1",
     "key x"): how many of the keys named were still to do and so were cancelled
@@ -395,8 +412,7 @@ class ConsoleClient:
             await self._ended.wait()
 
     async def __aenter__(self) -> ConsoleClient:
-        from runtime.codec import Frame
-        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token_there
+        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token_there, say_hello
         from runtime.remote import Peer
         from transport import connect
 
@@ -416,11 +432,17 @@ class ConsoleClient:
                 exc.add_note(self._token_source())
                 raise
             stack.push_async_callback(conn.aclose)
+            # Nothing else is sent before the manager's answer: a manager that refuses
+            # the Hello (another Corral version) is heard saying why.
+            hello = Hello("console", self.name)
+            try:
+                await say_hello(conn, hello, self.address, self.timeout, allow_pickle=False)
+            except RemoteError as exc:
+                raise _as_itself(exc, "Hello as a console") from None
             peer = Peer(
                 conn, None, name="manager", allow_pickle=False, heartbeat=HEARTBEAT,
                 timeout=DEAD_AFTER,
             )  # fmt: skip
-            await conn.send(Frame(Hello("console", self.name)))
             tg = await stack.enter_async_context(anyio.create_task_group())
             ended = anyio.Event()
 
@@ -493,12 +515,7 @@ class ConsoleClient:
         try:
             return await self._peer.ref.ask(msg, timeout=self.timeout)
         except RemoteError as exc:
-            kind = getattr(exc, "kind", "")
-            if kind == "PermissionDenied":  # the gateway's text: which role may, whom to ask
-                raise PermissionDenied(type(msg).__name__, getattr(exc, "text", "")) from None
-            if kind in _BUILTIN_ERRORS:
-                raise _BUILTIN_ERRORS[kind](getattr(exc, "text", str(exc))) from None
-            raise
+            raise _as_itself(exc, type(msg).__name__) from None
         except ActorStopped:
             why = self.closed_reason
             raise CorralError(
@@ -2085,6 +2102,9 @@ class ConsoleShell(cmd.Cmd):
             readline.set_completer_delims(" \t\n")
         self._at_prompt = True  # then look: the connection may end from here on
         if self.client.closed:
+            # Off the prompt before leaving, as _interrupted is: the watcher's SIGINT
+            # may still come, and must not raise again in _leave's print.
+            self._at_prompt = False
             raise _ConnectionLost
 
     def loop(self, history: Path | None = None) -> int:

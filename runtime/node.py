@@ -192,6 +192,7 @@ __all__ = [
     "read_token_file",
     "run_manager",
     "run_worker",
+    "say_hello",
     "start_control_plane",
     "start_recorder",
     "token_path",
@@ -1716,9 +1717,11 @@ class Hello(Message):
 
 @message("corral.Welcome")
 class Welcome(Message):
-    """Gateway -> worker or client, the answer to its Hello: joined. ``secret`` is what
-    the worker must present (``Hello.secret``) to rejoin under its id (a client's is
-    empty). A console gets none: it is answered by its first ask."""
+    """Gateway -> worker, client or console, the answer to its Hello: joined. ``secret``
+    is what the worker must present (``Hello.secret``) to rejoin under its id (a
+    client's and a console's are empty). Each waits for it (:func:`say_hello`) before it
+    sends anything else. (A console of before 2026-12-07 expects none, and drops it
+    unread; a manager of before then sends a console none: :func:`say_hello`.)"""
 
     secret: str
     #: to a worker: the manager's worker token, which its workers present to each other
@@ -1737,6 +1740,44 @@ class PeerQuery(Message):
     the id it gave them (``--name``), so that the autoscaler knows them by id."""
 
     worker: str
+
+
+async def say_hello(
+    conn: Any, hello: Hello, address: str, limit: float, *, allow_pickle: bool
+) -> None:
+    """Send ``hello`` (a client's or a console's) on ``conn`` and wait, at most ``limit``
+    seconds, for the manager's :class:`Welcome`, before anything else is sent: a
+    manager that refuses the Hello is then heard saying why, not answering what came
+    after it (``the first frame ... must be a Hello ... got Ping``). Its ``Refused``
+    raises the error it carries (:class:`ProtocolMismatch`, :class:`PermissionDenied`;
+    a :class:`RemoteError` of that kind when not ``allow_pickle``); an ``ErrorReply``,
+    the reason of a manager that could not read the Hello, raises
+    :func:`~runtime.remote.not_welcomed`'s ``ProtocolError`` (another Corral version:
+    "upgrade the manager first"); no answer in time, or a closed connection,
+    :class:`ConnectFailed`. A console also takes a first ``Ping`` (a manager's
+    heartbeat) for its welcome: a manager of protocol 1 from before 2026-12-07 welcomes
+    no console, and pings it once it has taken its Hello."""
+    from runtime.codec import Frame
+    from runtime.messages import Ping
+    from transport import ConnectionClosed
+
+    await conn.send(Frame(hello))
+    try:
+        with anyio.fail_after(limit):
+            answer = (await conn.receive()).msg
+    except TimeoutError:
+        raise ConnectFailed(
+            address, f"the manager did not answer this {hello.kind}'s Hello within {limit:g} s"
+        ) from None
+    except ConnectionClosed as exc:
+        raise ConnectFailed(
+            address, f"the connection closed before the manager answered ({exc})"
+        ) from None
+    if isinstance(answer, Welcome) or (hello.kind == "console" and type(answer) is Ping):
+        return
+    if isinstance(answer, Refused):
+        raise refusal_error(answer, allow_pickle=allow_pickle)
+    raise not_welcomed(answer, address, hello.kind)
 
 
 #: What the gateway tells a connection whose first frame breaks them.
@@ -2357,19 +2398,19 @@ class Gateway:
         else:
             other = self._others[hello.name] = _Other(hello.kind)
             door = _Door(self, self.plane.manager, role, hello.name)
-            if hello.kind == "client":
-                # A client waits for this before it says it is connected: refused (the
-                # read token), it fails at connect, not at its first call. One gone
-                # already still has what it sent read, as any closing connection has.
-                with contextlib.suppress(CorralError):
-                    await conn.send(Frame(Welcome("")))
-                if self._others.get(hello.name) is other:
-                    with contextlib.suppress(ActorStopped):  # the manager is stopping
-                        await self.plane.manager.tell(ClientCame(hello.name))
-                    if self._others.get(hello.name) is not other:
-                        # Its ClientGone (the give-way's) may have been queued first.
-                        with contextlib.suppress(ActorStopped):
-                            await self.plane.manager.tell(ClientGone(hello.name))
+            # A client or console waits for this before it sends anything else
+            # (say_hello): refused (a client with the read token, another version),
+            # it fails at connect, not at its first call. One gone already still has
+            # what it sent read, as any closing connection has.
+            with contextlib.suppress(CorralError):
+                await conn.send(Frame(Welcome("")))
+            if hello.kind == "client" and self._others.get(hello.name) is other:
+                with contextlib.suppress(ActorStopped):  # the manager is stopping
+                    await self.plane.manager.tell(ClientCame(hello.name))
+                if self._others.get(hello.name) is not other:
+                    # Its ClientGone (the give-way's) may have been queued first.
+                    with contextlib.suppress(ActorStopped):
+                        await self.plane.manager.tell(ClientGone(hello.name))
             if self._others.get(hello.name) is not other:  # a worker took it meanwhile
                 await self._tell_gave_way(conn, hello.name, hello.kind)
                 return

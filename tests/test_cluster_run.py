@@ -154,6 +154,7 @@ async def test_a_read_token_asking_to_run_a_function_is_refused_unopened() -> No
             in_process_gateway(tokens, PORTS) as (_, address),
             raw(address, tokens.read, Hello("console", "looker")) as conn,
         ):
+            assert await _next(conn) == Welcome("")
             request = RunRequest(cloudpickle_dumps((os.getpid, (), {})), "getpid", None, 1.0)
             await conn.send(Frame(to_wire(request), request_id=7))
             reply = await _next(conn)

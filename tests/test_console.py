@@ -53,6 +53,7 @@ from runtime.console import (
     ConsoleClient,
     ConsoleError,
     ConsoleShell,
+    _ConnectionLost,
     resumed_text,
     split_cli_options,
 )
@@ -2422,3 +2423,21 @@ async def test_help_after_a_command_prints_that_commands_usage(tokens: Tokens) -
     assert everything.returncode == 0 and all(
         u in everything.stdout for u, _, _ in COMMANDS.values()
     )
+
+
+def test_a_shell_whose_connection_closed_before_its_prompt_leaves_off_the_prompt() -> None:
+    """A user audit (upgrade F4): ``preloop`` found the connection closed and raised
+    ``_ConnectionLost`` with the shell still marked at its prompt, so the watcher's
+    SIGINT raised it again in ``_leave``'s print: two chained tracebacks. Now the shell
+    is off its prompt when it leaves, and that SIGINT is only the watcher's word."""
+    from rich.console import Console
+
+    client = ConsoleClient("ws://127.0.0.1:9")  # never connected: closed
+    shell = ConsoleShell(client, lambda *a: None, console=Console(file=io.StringIO()))
+    with pytest.raises(_ConnectionLost):
+        shell.preloop()
+    assert not shell._at_prompt
+    shell._woken = True  # the watcher's SIGINT, arriving as the shell leaves
+    shell._interrupted(signal.SIGINT, None)  # raises nothing
+    shell._leave()
+    assert shell.exit_code == 1

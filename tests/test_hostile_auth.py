@@ -348,6 +348,7 @@ async def test_refused_and_failing_tells_from_every_role_leave_the_manager_servi
         # ClientGone) are refused at the door; the one past MAX_REFUSED closes the
         # connection, saying why.
         async with raw(site.address, site.tokens["read"], Hello("console", "c-read")) as conn:
+            assert await _next(conn) == Welcome("")  # a console is welcomed as a client
             for i in range(MAX_REFUSED + 1):
                 await conn.send(Frame(ScaleRequest(50) if i % 2 else ClientGone("c-other")))
             refused = await _refused(conn)
@@ -703,8 +704,7 @@ async def test_a_console_under_a_worker_id_gives_way_to_that_worker(role: str, k
             async with raw(address, tokens.admin, Hello("worker", "local-1", info)) as worker:
                 welcome = await _next(worker)
                 assert isinstance(welcome, Welcome) and welcome.secret, welcome
-                if kind == "client":
-                    assert await _next(squat) == Welcome("")
+                assert await _next(squat) == Welcome("")  # a client's, a console's alike
                 refused = await _refused(squat)
                 assert refused.kind == "PermissionDenied", refused
                 assert "'local-1' is the id of a worker that joined" in refused.text
@@ -824,6 +824,7 @@ async def test_a_read_token_asking_for_results_is_told_the_read_token_may_not() 
             in_process_gateway(tokens) as (_, address),
             raw(address, tokens.read, Hello("console", "looker")) as conn,
         ):
+            assert await _next(conn) == Welcome("")
             await conn.send(Frame(to_wire(GatherRequest(("k",))), request_id=7))
             reply = await _next(conn)
     assert isinstance(reply, ErrorReply), reply
