@@ -1755,7 +1755,7 @@ async def say_hello(
     :func:`~runtime.remote.not_welcomed`'s ``ProtocolError`` (another Corral version:
     "upgrade the manager first"); no answer in time, or a closed connection,
     :class:`ConnectFailed`. A console also takes a first ``Ping`` (a manager's
-    heartbeat) for its welcome: a manager of protocol 1 from before 2026-12-07 welcomes
+    heartbeat) for its welcome: a manager of its protocol from before 2026-12-07 welcomes
     no console, and pings it once it has taken its Hello."""
     from runtime.codec import Frame
     from runtime.messages import Ping

@@ -230,7 +230,7 @@ class _Answers:
     [
         ("console", Welcome(""), None),
         ("client", Welcome(""), None),
-        # a manager of protocol 1 of before consoles were welcomed: its first heartbeat
+        # a manager of before consoles were welcomed (same protocol): its first heartbeat
         ("console", Ping(), None),
         ("client", Ping(), "answered this client's Hello with a Ping, not a Welcome"),
         ("console", ErrorReply("ProtocolError", OLD_MANAGERS_TEXT), "upgrade the manager first"),
