@@ -53,7 +53,7 @@ async def test_a_worker_refused_while_rejoining_says_once_it_is_back_in(tmp_path
     with (
         Cli(tmp_path / "home") as cli,
         log_lines("corral.node", logging.INFO) as log,
-        anyio.fail_after(2 * LIMIT),
+        anyio.fail_after(3 * LIMIT),
     ):
         first = cli.start(*manager)
         await run(cli.line_with, first, "manager listening on")
@@ -67,7 +67,9 @@ async def test_a_worker_refused_while_rejoining_says_once_it_is_back_in(tmp_path
                     token_file=mine,
                     ready=lambda _: joined.set(),
                     port=free_port_between(*PORTS),
-                    connect_retry=LIMIT,
+                    # (longer than a loaded machine takes to start the second manager
+                    # and the test to copy its token: CI 110 saw the worker give up)
+                    connect_retry=2 * LIMIT,
                 )
             )
             await joined.wait()
@@ -93,7 +95,7 @@ async def test_a_worker_refused_while_rejoining_says_once_it_is_back_in(tmp_path
     failed = [ln for ln in tried if "; retrying" in ln]
     assert int(back.group(1)) == len(failed) >= 2, tried
     assert any("level='error'" in ln and "status=403" in ln for ln in failed), failed
-    assert 0 < float(back.group(2)) < 2 * LIMIT, line
+    assert 0 < float(back.group(2)) < 3 * LIMIT, line
 
 
 def test_a_join_after_failed_tries_is_told_at_the_level_of_the_failures() -> None:
