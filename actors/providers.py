@@ -18,7 +18,7 @@ import abc
 import dataclasses
 import enum
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from runtime.kernel import Actor, ActorRef, ActorSystem
@@ -32,6 +32,7 @@ __all__ = [
     "Provider",
     "WorkerFactory",
     "accelerator_env",
+    "accelerator_of",
 ]
 
 
@@ -100,6 +101,13 @@ def accelerator_env(device: str) -> dict[str, str]:
     order, as ``nvidia-smi`` and ROCm number theirs. What a pool's ``accelerators``
     give each worker (its providers) and the worker's ``--accelerator`` sets."""
     return {**dict.fromkeys(ACCELERATOR_VARIABLES, device), "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+
+
+def accelerator_of(environ: Mapping[str, str]) -> str:
+    """The accelerator a process of ``environ`` is pinned to: the first of
+    :data:`ACCELERATOR_VARIABLES` set in it (``CUDA_VISIBLE_DEVICES`` first), "" with
+    none. What a worker tells the scheduler (``WorkerInfo.accelerator``)."""
+    return next((environ[k] for k in ACCELERATOR_VARIABLES if environ.get(k)), "")
 
 
 @dataclasses.dataclass(slots=True)

@@ -850,6 +850,7 @@ class Scheduler(Actor):
                 *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
                 info.disk, info.block, info.host, info.host_memory, info.pid,
                 key, info.disk_fs_free, info.disk_auto, info.host_cpus, info.spills,
+                info.execution == "process",
             )
         )  # fmt: skip
         # Rejoined over a new connection: what was in flight on the old one is lost, so

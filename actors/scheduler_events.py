@@ -153,6 +153,9 @@ class WorkerJoined(Event):
     #: its spill fence is on (False: off, or not told): an evacuated copy needs room in
     #: its memory only to land (``scheduler_state._has_room``)
     spills: bool = False
+    #: it runs its tasks in task processes (execution ``process``): a task that crashes
+    #: there ends its task process, not the worker (``TaskCrashedWorkers`` says so)
+    contained: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

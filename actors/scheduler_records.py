@@ -247,6 +247,7 @@ class WorkerState:
         "away",
         "began",
         "block",
+        "contained",
         "copies",
         "cores",
         "deadline",
@@ -364,6 +365,9 @@ class WorkerState:
         self.spill_dir = ""
         #: its spill fence is on: past it, it writes outputs to disk (WorkerJoined.spills)
         self.spills = False
+        #: it runs its tasks in task processes (WorkerJoined.contained): a crash of a
+        #: task there ends its task process, not this worker
+        self.contained = False
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         #: threads still running a cancelled try, replaced by fresh ones (thread
         #: execution), as last reported: at ``cores`` it can stop no other running try
@@ -418,6 +422,7 @@ class TaskState:
         "behind",
         "client",
         "consumers",
+        "contained_crashes",
         "copy_said",
         "delivered",
         "dependents",
@@ -534,6 +539,9 @@ class TaskState:
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
+        #: of its tries lost with a worker that ended unexpectedly (``crashes``), those
+        #: whose worker ran its tasks in task processes (``WorkerState.contained``)
+        self.contained_crashes = 0
         #: its tries killed at a worker's terminate fence, oldest first: ``(worker, its
         #: memory limit, the peak RSS seen)``; a retry goes only to a worker whose limit
         #: is above every one of these (``oom_floor``)

@@ -1687,7 +1687,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if ws.away is not None:  # back within its grace: its life goes on
                 ws.away = None
                 self._log(ws.id, "joined", "back")
-        ws.block, ws.spills = ev.block, ev.spills
+        ws.block, ws.spills, ws.contained = ev.block, ev.spills, ev.contained
         self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
         self.host_cores.joined(ev.worker, ev.host, ev.host_cpus, ev.cores, 0, self._now)
         self._disk_shared(
@@ -1892,8 +1892,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         # Its tries and outputs lost: ready again now, for a worker lost while away
         # since the drop (``_ready_since``).
         lost = [*ws.processing, *ws.has_what] if end < self._now else []
+        crash = ev.cause not in BENIGN_LOSSES  # what TaskState.crashes counts
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
             self._end_copy(ts, ws, "worker-lost", ev.cause, ended=end)
+            ts.contained_crashes += crash and ws.contained
             self.speculative["failed"] += 1
         for ts in sorted(ws.processing, key=_prio_key):
             ran = 0.0 if executing is not None and str(ts.key) not in executing else None
@@ -1904,8 +1906,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._tried(ts, rec, None, began=self._began(ts, ws, ran, rec.stop))
             ts.lost_tries += 1
             self._stat(ts).lost += 1
-            if ev.cause not in BENIGN_LOSSES and ran != 0.0:  # it may be what killed it
+            if crash and ran != 0.0:  # it may be what killed it
                 self._suspect(ts.key)
+                ts.contained_crashes += ws.contained
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id, grouped=False)
             ts.worker = None
             ts.disk_need = 0
@@ -3638,7 +3641,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             # losses passed max_lost: a WorkerLost).
             charged = not ts.tries or ts.tries[-1].ran != 0.0
             if len(crashes) > 1 and cause not in BENIGN_LOSSES and charged:
-                err = TaskCrashedWorkers(str(ts.key), crashes)
+                contained = ts.contained_crashes >= len(crashes)
+                err = TaskCrashedWorkers(str(ts.key), crashes, contained=contained)
             elif loss is not None and loss.whole_life:
                 err = TaskLongerThanWalltime(
                     str(ts.key), wid, loss.pool, loss.ran, loss.walltime, loss.drain, len(ts.tries)

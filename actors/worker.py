@@ -66,6 +66,7 @@ from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, run_call
 from actors.host import host_cpus, memory_limit
 from actors.protocol import TaskResult, ToRun
+from actors.providers import accelerator_of
 from actors.shared_disk import disk_margin, free_share
 from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
@@ -399,6 +400,9 @@ class Worker(Actor):
         self.broken = False
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
         self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
+        #: the accelerator its environment pins it to at start ("": none), told to the
+        #: scheduler (``WorkerInfo.accelerator``)
+        self.accelerator = accelerator_of(os.environ)
         #: the directory its outputs go to on disk, and the disk it offers for them:
         #: ``disk``, or the free space of that file system now less a margin; 0 when
         #: ``disk`` is None (not counted: the scheduler places as if it had no limit)
@@ -484,6 +488,7 @@ class Worker(Actor):
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
             self.block, host, host_memory, os.getpid(), device_of(self.disk_dir) or 0, fs_free,
             self.disk_auto, host_cpus(), self.memory_config.spill is not None,
+            self.memory_config.execution, self.accelerator,
         )  # fmt: skip
 
     async def on_start(self) -> None:

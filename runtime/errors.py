@@ -1108,9 +1108,14 @@ class TaskCrashedWorkers(WorkerLost):
     A try counts unless it surely waited in its worker's queue (the worker had said
     that other tries filled all its threads): a worker says a try executes once it has
     executed 0.5 s, so one that died sooner may have been killed by a try it never
-    named (docs/policies.md, retry)."""
+    named (docs/policies.md, retry). ``contained``: each of those workers ran its tasks
+    in task processes (execution ``process``), where a task's crash ends its task
+    process, not the worker, so the advice is not to run them there but to look for
+    what ends the workers from outside."""
 
-    def __init__(self, key: str, crashes: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self, key: str, crashes: Sequence[tuple[str, str]], contained: bool = False
+    ) -> None:
         # A worker restarted under its name (a supervisor loop) ends again: one entry
         # saying how many of its lives ended so, not the name repeated.
         times = Counter(crashes)
@@ -1123,23 +1128,52 @@ class TaskCrashedWorkers(WorkerLost):
         )
         silent = ""
         if crashes and all(c == "unknown" for _, c in crashes):
+            why = (
+                "they ran their tasks in task processes, so no task held their GIL; a "
+                "machine that swaps or is overloaded, or a network that drops, stops "
+                "heartbeats too"
+                if contained
+                else "a task that holds Python's GIL for long (one long call into compiled "
+                "code: sum over a huge range, a slow regular expression) stops its "
+                "worker's heartbeats"
+            )
+            fix = (
+                ""
+                if contained
+                else (
+                    "run such a task with execution 'process' (its own process: the worker "
+                    "stays responsive), or "
+                )
+            )
             silent = (
-                " Each went silent rather than dying: a task that holds Python's GIL for "
-                "long (one long call into compiled code: sum over a huge range, a slow "
-                "regular expression) stops its worker's heartbeats, and a worker silent for "
-                "longer than the manager's worker timeout (10 s by default) counts as lost; "
-                "run such a task with execution 'process' (its own process: the worker "
-                "stays responsive), or give the workers longer: python -m runtime manager "
+                f" Each went silent rather than dying: {why}, and a worker silent for "
+                "longer than the manager's worker timeout (10 s by default) counts as "
+                f"lost; {fix}give the workers longer: python -m runtime manager "
                 "--worker-timeout SECONDS, or Cluster(worker_timeout=SECONDS)."
             )
+        how = (
+            "(through memory, or by ending its worker's process)"
+            if contained
+            else "(os._exit, a crash in compiled code, memory outside the worker's fences)"
+        )
+        contain = (
+            "Run it alone to see; the workers ran their tasks in task processes already "
+            "(execution 'process'), where a crash in a task ends its task process, not its "
+            "worker, so look for what ends the workers themselves: the kernel's OOM killer "
+            "(a task process's memory counts on its worker's machine, and the killer may "
+            "pick the worker), a kill from outside (kill -9), or the task ending its "
+            "worker (os.kill of its parent process). If they died for other reasons, "
+            if contained
+            else "Run it alone to see, run workers with execution 'process' to contain it, "
+            "or, if the workers died for other reasons (killed from outside: the OOM "
+            "killer, kill -9), "
+        )
         CorralError.__init__(
             self,
             f"task {key!r} was running, or may have been, on {len(crashes)} workers that "
-            f"ended unexpectedly{lives}: {took}. It may be what kills them (os._exit, a crash in "
-            "compiled code, memory outside the worker's fences), so it is not retried on "
-            "another (tries that surely waited in a worker's queue do not count). Run it "
-            "alone to see, run workers with execution 'process' to contain it, or, if the "
-            "workers died for other reasons (killed from outside: the OOM killer, kill -9), "
+            f"ended unexpectedly{lives}: {took}. It may be what kills them {how}, so it is "
+            "not retried on another (tries that surely waited in a worker's queue do not "
+            f"count). {contain}"
             "raise the retry policy's max_crashes and max_lost, the limit on losses of any "
             "kind: await cluster.set_policy('retry', 'default', max_crashes=20, "
             f"max_lost=20).{silent}",
@@ -1148,6 +1182,7 @@ class TaskCrashedWorkers(WorkerLost):
             worker=crashes[-1][0] if crashes else "",
             cause=crashes[-1][1] if crashes else "",
             tries=len(crashes),
+            contained=contained,
         )
 
 

@@ -224,6 +224,15 @@ class WorkerInfo(Message):
     #: a leaving or drained worker needs room in its memory only to land
     #: (docs/memory.md#outputs-copied-off-a-worker-that-goes; False: off, or not told)
     spills: bool = False
+    #: where it runs its tasks: ``"thread"`` (threads of its own process) or
+    #: ``"process"`` (task processes it starts: a crash ends the task's process, not
+    #: the worker), its ``MemoryConfig.execution`` ("thread" also for an older worker,
+    #: not told)
+    execution: str = "thread"
+    #: the accelerator it is pinned to: its ``CUDA_VISIBLE_DEVICES`` when it started,
+    #: else the first of ``actors.providers.ACCELERATOR_VARIABLES`` set ("": none, or
+    #: not told; a pool's ``accelerators``, the worker's ``--accelerator``)
+    accelerator: str = ""
 
 
 @message()

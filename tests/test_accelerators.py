@@ -3,7 +3,8 @@ pool's ``accelerators`` key (checked when the pool is read), the variables a Slu
 block's script sets for each worker of a node, the devices a local pool's provider
 hands out and takes back, and the worker's ``--accelerator`` for a worker started by
 hand. No GPU is needed: what is tested is what each worker process sees in its
-environment (``CUDA_VISIBLE_DEVICES`` and the like). Ports: 60100-60999 of 127.0.0.1."""
+environment (``CUDA_VISIBLE_DEVICES`` and the like), and what the status shows of it.
+Ports: 60100-60999 and 55000-55199 of 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -240,6 +241,30 @@ async def test_a_worker_started_by_hand_with_accelerator_runs_its_tasks_pinned(
             await c.wait_for_workers(1)
             _, env = await c.submit(pinned_to, pure=False).result()
     assert env == dict.fromkeys(ACCELERATOR_VARIABLES, "MIG-7"), env
+
+
+@pytest.mark.anyio
+async def test_the_status_shows_a_workers_accelerator_and_execution(tmp_path: Path) -> None:
+    """``WorkerInfo.accelerator`` (the device its environment pins it to at start) and
+    ``WorkerInfo.execution``, as ``status()["workers"]`` shows them: a worker started
+    with ``--accelerator MIG-7 --execution process``, and one with neither."""
+    port = free_port_between(55000, 55099)
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager(port=port)
+        for k in ACCELERATOR_VARIABLES:
+            cli.env.pop(k, None)
+        pinned = cli.start(
+            "worker", address, "--accelerator", "MIG-7", "--execution", "process",
+            "--name", "pinned", "--port-range", "55100-55149",
+        )  # fmt: skip
+        plain = cli.start("worker", address, "--name", "plain", "--port-range", "55150-55199")
+        cli.line_with(pinned, "joined")
+        cli.line_with(plain, "joined")
+        async with Cluster(address) as c:
+            await c.wait_for_workers(2)
+            workers = {w.worker_id: w for w in (await c.status())["workers"]}
+    assert (workers["pinned"].accelerator, workers["pinned"].execution) == ("MIG-7", "process")
+    assert (workers["plain"].accelerator, workers["plain"].execution) == ("", "thread")
 
 
 @pytest.mark.parametrize("device", ["", " 0"])

@@ -24,20 +24,25 @@ from typing import Any
 import anyio
 import pytest
 
+from actors.scheduler_events import WorkerJoined
 from actors.scheduler_state import MAX_SUSPECTS
 from runtime import Cluster
 from runtime.client import SUSPECTS_NAMED, _no_workers_news, crash_suspects_text
+from runtime.errors import TaskCrashedWorkers
 from runtime.messages import AlertInfo, StatusReply
 from runtime.monitor import alerting_config
 from runtime.node import Tokens, run_manager, run_worker
 from tests.helpers import (
+    GB,
     Factory,
+    event,
     finish,
     join,
     leave,
     log_lines,
     make_state,
     on,
+    run,
     submit,
     wait_until,
 )
@@ -136,6 +141,55 @@ def test_a_cluster_knows_whether_its_workers_run_tasks_in_processes(
     processes = True if pools else None  # (pools of worker processes take execution)
     cluster = Cluster(memory_options=options, processes=processes, **extra)  # type: ignore[arg-type]
     assert cluster._process_execution() is contained
+
+
+def test_the_error_does_not_send_process_workers_to_process_execution() -> None:
+    """``TaskCrashedWorkers`` of workers that ran their tasks in task processes
+    (``contained``) does not advise execution 'process', which they had: it says a
+    crash in a task ends its task process there and names what ends a worker itself.
+    Of thread workers it advises process execution, as before."""
+    crashes = [("w1", "crash"), ("w2", "exit code 1")]
+    threads = str(TaskCrashedWorkers("a", crashes))
+    assert "run workers with execution 'process' to contain it" in threads
+    assert "os._exit, a crash in compiled code" in threads
+    assert "task processes already" not in threads
+    processes = str(TaskCrashedWorkers("a", crashes, contained=True))
+    assert "execution 'process' to contain" not in processes
+    assert "os._exit" not in processes
+    assert (
+        "the workers ran their tasks in task processes already (execution 'process'), "
+        "where a crash in a task ends its task process, not its worker, so look for what "
+        "ends the workers themselves: the kernel's OOM killer"
+    ) in processes
+    assert "max_crashes=20" in processes and "max_crashes=20" in threads
+    # Silent workers: a task holding the GIL cannot silence a process worker
+    silent = [("w1", "unknown"), ("w2", "unknown")]
+    quiet = str(TaskCrashedWorkers("a", silent, contained=True))
+    assert "holds Python's GIL" not in quiet and "with execution 'process'" not in quiet
+    assert "no task held their GIL" in quiet and "--worker-timeout SECONDS" in quiet
+    assert "holds Python's GIL for long" in str(TaskCrashedWorkers("a", silent))
+    assert TaskCrashedWorkers("a", crashes, contained=True).contained is True
+
+
+@pytest.mark.parametrize(
+    ("contained", "advised"),
+    [((True, True, True), False), ((True, False, True), True), ((False,) * 3, True)],
+)
+def test_the_core_advises_process_execution_unless_every_crashed_worker_ran_it(
+    make_state: Factory, contained: tuple[bool, ...], advised: bool
+) -> None:
+    """The core knows each worker's execution (``WorkerInfo.execution``, joined as
+    ``WorkerJoined.contained``): its ``TaskCrashedWorkers`` is ``contained`` when every
+    worker the task crashed ran its tasks in task processes."""
+    s = make_state()
+    submit(s, {"a": []}, ["a"])
+    for i, process in enumerate(contained):
+        run(s, event(WorkerJoined, worker=f"w{i}", cores=1, memory=GB, contained=process))
+        assert on(s, f"w{i}") == {"a"}
+        leave(s, f"w{i}", cause="crash")
+    err = s.tasks["a"].error
+    assert isinstance(err, TaskCrashedWorkers) and err.contained is not advised
+    assert ("run workers with execution 'process'" in str(err)) is advised
 
 
 #: set at the end of the cluster test: lets the task's thread (in this process) end

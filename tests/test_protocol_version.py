@@ -245,6 +245,9 @@ CATALOGUES = {
     # PolicyInfo.params (a client of version 1 cannot read them), PolicyErrorCount,
     # MetricsReply.policy_errors: version 2
     "4ec56ee15975aa9c9795674a6675bc77d7b8e7f20b9b8ad97971ff897ec1553e": 2,
+    # WorkerInfo.execution and WorkerInfo.accelerator (a worker's execution mode and the
+    # device it is pinned to): version 2
+    "47bd45021253a0b9d0b60cc89f38ac94395a6374b25cecd1963acef9b5d4485b": 2,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
