@@ -1347,9 +1347,11 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     parts.extend(_placement_stall_lines(st))
 
     wt = Table(title="workers", title_justify="left")
+    # the device each is pinned to: a column only when one is (a pool's accelerators)
+    pinned = any(w.get("accelerator") for w in workers)
     cols = (
-        "worker", "pool", "cores", "memory", "running", "stored", "spilled", "files",
-        "disk free", "RSS", "state",
+        "worker", "pool", *(("accelerator",) if pinned else ()), "cores", "memory",
+        "running", "stored", "spilled", "files", "disk free", "RSS", "state",
     )  # fmt: skip
     for col in cols:
         wt.add_column(
@@ -1376,6 +1378,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             wt,
             wid,
             str(w.get("pool", "")),
+            *((str(w.get("accelerator") or "-"),) if pinned else ()),
             str(w.get("cores", "")),
             _bytes(w.get("memory"), zero="all"),
             _running_text(*split.get(wid, (0, 0))),

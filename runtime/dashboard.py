@@ -98,6 +98,7 @@ def _worker(
     return {
         "id": info.worker_id, "pool": info.pool, "cores": info.cores, "running": running,
         "host": info.host,  # its machine ("": an older worker, not told)
+        "accelerator": info.accelerator,  # the device it is pinned to ("": none)
         "rss": rss, "limit": report.limit if report is not None else info.memory,
         "throttle_at": report.throttle_at if report is not None else 0,
         "memory_bytes": report.memory_bytes if report is not None else 0,
@@ -708,7 +709,8 @@ function renderWorkers(s) {
   if (!s.workers.length) return put("workers", empty("no worker has joined"));
   put("workers", h("table", {},
     h("tr", {}, h("th", {text: "worker"}), h("th", {text: "pool"}),
-      h("th", {text: "host", title: "its machine: host name / part of its machine-id"}),
+      h("th", {text: "host", title: "its machine: host name / part of its machine-id, " +
+                                    "and the accelerator it is pinned to"}),
       h("th", {class: "num", text: "tasks / cores",
                title: "tasks it has in hand (running, or ready to start next) / its cores"}),
       h("th", {text: "memory (RSS vs limit)"}),
@@ -720,7 +722,9 @@ function renderWorkers(s) {
       h("th", {class: "num", text: "file outputs"}),
       h("th", {text: "state"})),
     s.workers.map(w => h("tr", {class: "worker", "data-worker": w.id},
-      h("td", {text: w.id}), h("td", {text: w.pool}), h("td", {text: w.host || "-"}),
+      h("td", {text: w.id}), h("td", {text: w.pool}),
+      h("td", {text: (w.host || "-") +
+                     (w.accelerator ? " (accelerator " + w.accelerator + ")" : "")}),
       h("td", {class: "num", text: w.running + " / " + w.cores}),
       h("td", {}, bar(w.rss, w.limit, {fence: w.throttle_at,
         color: w.throttled ? "var(--err)" : "var(--ok)"}),

@@ -553,6 +553,23 @@ def test_status_shows_each_pools_oldest_wait_from_the_status() -> None:
     assert rows["cpu"][5].strip() == "0" and rows["cpu"][6].strip() == "-", text
 
 
+def test_status_shows_each_workers_accelerator_when_one_is_pinned() -> None:
+    """The workers table gets an ``accelerator`` column, the device each worker is
+    pinned to (``WorkerInfo.accelerator``; a dash for one that is not), only when some
+    worker is: a cluster without accelerators keeps its table as it was."""
+    from tests.helpers import status_text
+
+    workers = [{"worker_id": "g1", "pool": "gpu", "cores": 1, "accelerator": "MIG-7"},
+               {"worker_id": "c1", "pool": "cpu", "cores": 1, "accelerator": ""}]  # fmt: skip
+    text = status_text({"workers": workers})
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")]
+            for line in text.splitlines() if line.startswith("│ ")}  # fmt: skip
+    assert "accelerator" in text and rows["g1"][3] == "MIG-7" and rows["c1"][3] == "-", text
+    assert rows["g1"][4] == "1", text  # then its cores
+    plain = status_text({"workers": [{**w, "accelerator": ""} for w in workers]})
+    assert "accelerator" not in plain, plain
+
+
 # ----------------------------------------------------------------------------- policies
 
 
