@@ -384,8 +384,20 @@ POLICY_CALL_FLOOR = 0.001
 #: a slow spell: many cheap calls in one turn (a priority for each task of a large
 #: intake) are not a slow policy, even when a few of them took 1 ms or more in wall time
 #: (a thread switch inside a call: task threads in the same process hold the GIL for
-#: milliseconds); a policy asked once or a few times per turn, each call slow, still is
+#: milliseconds); a policy asked once or a few times per turn, each call slow, still is.
+#: Such cheap calls are excused only while the turn's calls total less than
+#: ``policy_budget / POLICY_SPREAD`` (0.25 s): a policy of 9 ms a call asked for 100
+#: tasks a turn holds the scheduler 0.9 s of each turn, and its turns are a spell
 POLICY_SPELL_MEAN = 0.01
+
+
+def _cheap_turn(seconds: float, calls: float, budget: float) -> bool:
+    """Whether a turn's ``calls`` of one kind, ``seconds`` in all, are many cheap calls
+    that are no part of a slow spell: they average under ``POLICY_SPELL_MEAN`` and,
+    together, held the scheduler less than ``budget / POLICY_SPREAD``."""
+    return seconds < POLICY_SPELL_MEAN * calls and seconds < budget / POLICY_SPREAD
+
+
 #: tasks that were executing on a worker when it crashed kept, the latest, for the
 #: suspects the status names (:meth:`SchedulerState.crash_suspects`)
 MAX_SUSPECTS = 20
@@ -639,8 +651,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: per kind, when its latest slow turns were (within ``policy_slow_window``)
         self._slow_turns: dict[str, deque[float]] = {}
         #: per kind, its earlier turns' policy calls of ``POLICY_CALL_FLOOR`` or more
-        #: within ``POLICY_SPREAD * policy_budget`` seconds, of the turns whose calls
-        #: averaged ``POLICY_SPELL_MEAN`` or more: (when, seconds, calls), and
+        #: within ``POLICY_SPREAD * policy_budget`` seconds, of the turns that were not
+        #: many cheap calls (:func:`_cheap_turn`): (when, seconds, calls), and
         #: [their seconds, calls]
         self._spent: dict[str, deque[tuple[float, float, int]]] = {}
         self._spent_sum: dict[str, list[float]] = {}
@@ -980,7 +992,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._spent_since(kind)
         elif turn[0] > budget or (
             turn[3] + self._spent_sum.get(kind, [0.0])[0] > budget
-            and turn[0] >= POLICY_SPELL_MEAN * turn[1]  # slow calls so far: a spell
+            and not _cheap_turn(turn[0], turn[1], budget)  # slow calls so far: a spell
         ):
             turn[2] += 1
             raise _OverBudget
@@ -1012,8 +1024,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _end_turn(self) -> None:
         """Each policy kind whose calls took more than its budget in this turn, or whose
-        calls of ``POLICY_CALL_FLOOR`` or more did over turns whose calls averaged
-        ``POLICY_SPELL_MEAN`` or more (a slow spell): a policy
+        calls of ``POLICY_CALL_FLOOR`` or more did over turns that were not many cheap
+        calls (:func:`_cheap_turn`; a slow spell): a policy
         problem (told once), and after ``policy_slow_turns`` such turns within
         ``policy_slow_window`` seconds its policy is replaced by the default one."""
         turn, self._turn = self._turn, {}
@@ -1021,8 +1033,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         for kind, (seconds, calls, skipped, counted, counted_calls) in turn.items():
             spent = self._spent.setdefault(kind, deque())
             before = self._spent_sum.setdefault(kind, [0.0, 0])
-            if seconds <= budget and seconds < POLICY_SPELL_MEAN * calls:
-                continue  # many cheap calls: within the turn's budget, and no spell
+            if _cheap_turn(seconds, calls, budget):
+                continue  # many cheap calls, a small share of the turn: no spell
             if seconds <= budget and counted + before[0] <= budget:  # this turn and lately
                 spent.append((self._now, counted, int(counted_calls)))
                 before[0] += counted

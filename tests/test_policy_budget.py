@@ -398,3 +398,56 @@ def test_a_cheap_policy_asked_for_a_large_intake_is_not_a_slow_spell(
     assert s.policies["priority"] is cheap
     # The ranks are the policy's, none the fallback's.
     assert all(ts.prio == (ts.order,) for ts in s.tasks.values())
+
+
+class NineMs:
+    """A priority policy of 9 ms a call: under ``POLICY_SPELL_MEAN`` (10 ms)."""
+
+    name = "nine-ms"
+
+    def __init__(self, timer: FakeTimer) -> None:
+        self.timer, self.calls = timer, 0
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        self.calls += 1
+        self.timer.now += 0.009
+        return (task.order,)
+
+
+def test_a_policy_holding_most_of_each_turn_in_cheap_calls_is_a_slow_spell(
+    make_state: Factory,
+) -> None:
+    """Review 1207g F3: a priority policy of 9 ms a call asked for 100 tasks a turn held
+    the scheduler 0.9 s of each second, turn after turn, and, its calls averaging under
+    ``POLICY_SPELL_MEAN``, was never a spell: never told, never replaced. Cheap calls are
+    excused only while the turn's total stays under ``policy_budget / POLICY_SPREAD``."""
+    timer = FakeTimer()
+    pol = NineMs(timer)
+    s = make_state(timer=timer, priority=pol)
+    told = []
+    for piece in range(7):  # 0.9 s of calls a turn, then 0.1 s of the rest of the turn
+        keys = [f"p{piece}-{i}" for i in range(100)]
+        told.append(failed(submit(s, dict.fromkeys(keys, ()), keys)))
+        timer.now += 0.1
+    assert [len(t) for t in told] == [0, 1, 0, 0, 0, 1, 0]  # told once, then replaced
+    # The second turn: 28 calls (0.25 s) and the first turn's 0.9 s pass the budget over
+    # turns, a spell; the fallback answers the other 72.
+    spell = (
+        "priority policy 'nine-ms' took 1.2 s over 128 call(s) in 2 turns of the scheduler "
+        "within 1.0 s (its budget: 1 s per turn, and per 4 s over turns); the scheduler is "
+        "blocked meanwhile. The built-in fallback answered the turn's other 72 call(s)"
+    )
+    first, last = told[1][0], told[5][0]
+    assert (first.policy, first.problem, first.errors, first.replaced) == (
+        "nine-ms",
+        spell,
+        1,
+        False,
+    )
+    assert (last.problem, last.errors, last.replaced) == (
+        spell + ". 3 slow turns within 300 s: replaced by the default priority policy 'graph'",
+        3,
+        True,
+    )
+    assert pol.calls == 3 * (100 + 28)  # never asked after the replacement
+    assert s.policies["priority"].name == "graph"
