@@ -115,7 +115,7 @@ from actors.store import Unpicklable
 from runtime import pickling, unpickling
 from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied, size_text
 from runtime.files import discard_output, remove_tries, task_outputs
-from runtime.graph import Key, PickledNode
+from runtime.graph import Key, PickledNode, futures_as_refs
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent, own_process_group
 from runtime.log import get_logger
 from runtime.messages import RunOutcome
@@ -1844,7 +1844,7 @@ class ProcessExecutor(BaseExecutor):
             return TaskResult(key, "cancelled"), None
         try:
             node = task.node
-            payload = node.payload if isinstance(node, PickledNode) else _cloudpickle(node)
+            payload = node.payload if isinstance(node, PickledNode) else _cloudpickle(node, key)
             parts = [memoryview(payload), *_dumps(inputs)]
         except Exception as exc:
             exc.add_note(
@@ -2228,5 +2228,8 @@ def _discard_reply(reply: tuple[Any, list[bytearray | memoryview]]) -> None:
             discard_output(unpickling.loads(parts[0], parts[1:]))
 
 
-def _cloudpickle(node: Any) -> bytes:
-    return pickling.cloudpickle_dumps(node)
+def _cloudpickle(node: Any, key: Key) -> bytes:
+    """Task ``key``'s node pickled: a future inside it goes as a reference to its key
+    only in a collection's task (:func:`runtime.graph.futures_as_refs`)."""
+    with futures_as_refs(key):
+        return pickling.cloudpickle_dumps(node)

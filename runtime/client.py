@@ -93,10 +93,14 @@ from runtime.graph import (
     SUBMISSION,
     Key,
     TaskOptions,
+    argument_tasks,
     check_key,
     check_keys,
     check_shuffle_method,
     collections_expr,
+    forget_argument_task,
+    futures_as_refs,
+    futures_pickle_as_refs,
     holds_collection,
     make_task,
     persist_expr,
@@ -747,7 +751,7 @@ def _taken_in(n: int, began: float | None) -> None:
         )  # fmt: skip
 
 
-async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
+async def _for_manager(manager: object, request: SubmitGraphRequest, refs: bool = False) -> Message:
     """What to ask ``manager`` for ``request``: the request itself, or, to a manager in
     another process, a graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more
     (or a dask expression) as the pickle the connection would make of it
@@ -756,16 +760,29 @@ async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
 
     :class:`Future` objects in the graph (:func:`_futures_in`): an embedded manager
     takes them as they are (dask reads each as a reference to its key,
-    ``__dask_future__``); to a manager process each goes as a ``TaskRef`` to its key,
-    which is how a future pickles (:meth:`Future.__reduce__`)."""
+    ``__dask_future__``); to a manager process, in a graph or collection given as one
+    (``refs``: compute, persist, submit_graph), each goes as a ``TaskRef`` to its key
+    (:meth:`Future.__reduce__`); the tasks of ``submit`` and ``map`` have theirs as
+    dependencies already, and one left inside an object is refused."""
     if not isinstance(manager, _RemoteManager):
         return request  # an embedded manager takes the objects, and builds large graphs in a thread
     graph = request.graph
     from runtime.remote import to_wire
 
-    if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
-        return request
-    return await anyio.to_thread.run_sync(to_wire, request)
+    small = isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD
+    if not refs:
+        return request if small else await anyio.to_thread.run_sync(to_wire, request)
+    if small:
+        return _to_wire_with_refs(request)
+    return await anyio.to_thread.run_sync(_to_wire_with_refs, request)
+
+
+def _to_wire_with_refs(request: SubmitGraphRequest) -> Message:
+    """``request`` pickled, each future in its graph as a reference to its key."""
+    from runtime.remote import to_wire
+
+    with futures_as_refs():
+        return to_wire(request)
 
 
 def _futures_in(graph: Any) -> list[Future]:
@@ -1331,6 +1348,7 @@ class ClientActor(Actor):
         w.holders -= 1
         if w.holders <= 0:
             del self.watches[key]
+            forget_argument_task(key)
             if key not in self.read_by_pending:  # not sent yet, and no task to go reads it
                 self._drop_pending(key)
             # A gather still waiting on it (a Future released while awaited): nothing
@@ -1472,14 +1490,24 @@ class Future:
         return ("corral.Future", self.key)
 
     def __reduce__(self) -> tuple[Any, tuple[Key]]:
-        """A future pickles as a reference to its key, dask's ``TaskRef`` (as
-        dask.distributed's pickles as its key), never its value: where dask finds it
-        in a graph (:func:`_futures_in`) that is a dependency; elsewhere, inside an
-        object a task takes (an xarray object in its collection's finalize task, whose
-        dask data are a persisted collection's futures), it reaches a worker or manager
-        process as the reference alone, as the task's other arguments reach it, and the
-        task does not get the value (it gets a future's value when the future is one of
-        its arguments, or in a list, tuple, set or dict among them)."""
+        """Inside the tasks of a graph or dask collection given to compute, persist or
+        submit_graph (:func:`runtime.graph.futures_as_refs`), a future pickles as a
+        reference to its key, dask's ``TaskRef`` (as dask.distributed's pickles as its
+        key), never its value: where dask finds it in a graph (:func:`_futures_in`)
+        that is a dependency; inside an object such a task takes (an xarray object in
+        its collection's finalize task, whose dask data are a persisted collection's
+        futures, read for their metadata) it is the reference alone. Anywhere else
+        (inside an object, a closure or a dict key given to ``submit`` or ``map``, a
+        scattered object, ``Cluster.run``'s function) pickling it, to a task process
+        or a manager process, raises :class:`TypeError` saying what to do: the task
+        would get a bare reference, not the value (with threads it gets the future)."""
+        if not futures_pickle_as_refs():
+            raise TypeError(
+                f"a Future ({self.key!r}) cannot be sent to another process inside an "
+                "object, a closure or a dict key: the task would get no value. Pass the "
+                "future as an argument (or in a list, tuple, set or dict value among "
+                "them) so the task gets its value, or pass fut.key"
+            )
         return TaskRef, (self.key,)
 
     def __copy__(self) -> Future:
@@ -3048,12 +3076,15 @@ class Cluster:
         keys: Sequence[Key],
         opts: TaskOptions,
         inputs: Sequence[Future] = (),
+        refs: bool = True,
     ) -> None:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
         hashable, ``opts`` checked; ``inputs``: the futures it holds, checked by
         :meth:`_inputs_of`, held by the caller until this returns: the manager then has
         the tasks that read them). A graph more than one message to a remote manager
-        may carry is a :class:`GraphError` saying what to do."""
+        may carry is a :class:`GraphError` saying what to do. ``refs``: a future
+        inside its tasks goes as a reference to its key (a graph or collection), or is
+        refused (scattered values: :meth:`Future.__reduce__`)."""
         client = self._client_actor
         under_way = tuple(dict.fromkeys(keys))
         for key in under_way:  # see _KeyWatch.fence
@@ -3075,7 +3106,7 @@ class Cluster:
             n = len(graph) if isinstance(graph, Sized) else 0  # (a dask expression: not known)
             began = _sending(n)
             reply = await self._manager.ask(
-                await _for_manager(self._manager, request), timeout=None
+                await _for_manager(self._manager, request, refs), timeout=None
             )
             _taken_in(n, began)
         except FrameTooLarge as exc:
@@ -3295,7 +3326,8 @@ class Cluster:
         keys, graph = await anyio.to_thread.run_sync(_scattered, values, hash)
         futures = {k: Future(k, self) for k in graph}  # (a value given twice: one task)
         if graph:
-            await self._submit(graph, list(graph), _DEFAULTS)
+            argument_tasks(graph)  # (a future inside a value is refused, not a reference)
+            await self._submit(graph, list(graph), _DEFAULTS, refs=False)
         out = [futures[k] for k in keys]
         if names is not None:
             return dict(zip(names, out, strict=True))

@@ -15,6 +15,7 @@ serves dask graphs and Corral's own API alike.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -23,7 +24,7 @@ import math
 import pickle
 import sys
 import types
-from collections.abc import Callable, Container, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import dask
@@ -1291,6 +1292,47 @@ def _too_big_for_pool(
     )
 
 
+#: whether a ``runtime.client.Future`` pickled now goes as a ``TaskRef`` to its key
+#: (``Future.__reduce__``): only inside the tasks of a graph given as a graph or a dask
+#: collection (compute, persist, submit_graph), where dask itself reads a nested future
+#: as a reference; elsewhere a pickled future is refused (:func:`futures_as_refs`)
+_FUTURES_AS_REFS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "futures_as_refs", default=False
+)
+#: the keys of the tasks :func:`make_task` made (``submit``, ``map``) in this process,
+#: while their clients hold them: a future pickled with one of them is refused, as
+#: it would reach the task as a bare reference, without its value
+_ARGUMENT_TASKS: set[Key] = set()
+
+
+@contextlib.contextmanager
+def futures_as_refs(key: Key | None = None) -> Iterator[None]:
+    """Within it, a future pickles as a ``TaskRef`` to its key, unless ``key`` (the
+    task being pickled) is one :func:`make_task` made (:data:`_FUTURES_AS_REFS`)."""
+    token = _FUTURES_AS_REFS.set(key is None or key not in _ARGUMENT_TASKS)
+    try:
+        yield
+    finally:
+        _FUTURES_AS_REFS.reset(token)
+
+
+def futures_pickle_as_refs() -> bool:
+    """Whether a future pickled now goes as a ``TaskRef`` (:func:`futures_as_refs`)."""
+    return _FUTURES_AS_REFS.get()
+
+
+def argument_tasks(keys: Iterable[Key]) -> None:
+    """``keys`` are tasks of values or arguments given by a client (``scatter``), not
+    of a collection: a future pickled with one of them is refused (see
+    :data:`_ARGUMENT_TASKS`)."""
+    _ARGUMENT_TASKS.update(keys)
+
+
+def forget_argument_task(key: Key) -> None:
+    """``key``'s client no longer holds it (see :data:`_ARGUMENT_TASKS`)."""
+    _ARGUMENT_TASKS.discard(key)
+
+
 def _to_refs(obj: Any, is_future: Callable[[Any], Key | None]) -> Any:
     """Replace futures inside (nested) arguments with ``TaskRef``s to their keys."""
     key = is_future(obj)
@@ -1313,6 +1355,7 @@ def make_task(
     """A ``Task`` node for ``func(*args, **kwargs)`` where futures become dependencies."""
     a = tuple(parse_input(_to_refs(x, is_future)) for x in args)
     kw = {k: parse_input(_to_refs(v, is_future)) for k, v in kwargs.items()}
+    argument_tasks((key,))
     return Task(key, func, *a, **kw)
 
 
@@ -1338,7 +1381,8 @@ class PickledNode:
         from runtime.pickling import cloudpickle_dumps
 
         try:
-            return cls(key, cloudpickle_dumps(node))
+            with futures_as_refs(key):
+                return cls(key, cloudpickle_dumps(node))
         except Exception as exc:
             stand_in = _Unpicklable(key, _describe(exc))
             return cls(key, pickle.dumps(stand_in, protocol=5))

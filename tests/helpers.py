@@ -914,3 +914,13 @@ def _load_gated(token: int, payload: bytes) -> bytes:
     gated.loading.set()
     gated.waited.append(gated.go.wait(GATE))
     return payload
+
+
+def manager_with_a_worker(cli: Cli, port: int, worker_ports: str) -> tuple[str, str]:
+    """A manager process listening on 127.0.0.1:``port`` (no monitoring) and a worker of
+    one core joined to it: the manager's address and its submit token."""
+    proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+    line = cli.line_with(proc, "manager listening on")
+    address = line.split("manager listening on", 1)[1].strip()
+    cli.worker(address, "--cores", "1", "--port-range", worker_ports)
+    return address, cli.tokens(address)["submit"]

@@ -42,6 +42,7 @@ from tests.helpers import (
     free_port_between,
     join,
     leave,
+    manager_with_a_worker,
     wait_until,
 )
 from tests.test_hostile_auth import _next, in_process_gateway, raw
@@ -377,8 +378,4 @@ def test_a_client_of_a_manager_process_gets_the_workers_answers(tmp_path: Path) 
             assert "in fails" in "".join(traceback.format_tb(info.value.__traceback__))
 
     with Cli(tmp_path / "home") as cli:
-        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
-        line = cli.line_with(proc, "manager listening on")
-        address = line.split("manager listening on", 1)[1].strip()
-        cli.worker(address, "--cores", "1", "--port-range", WORKER_PORTS)
-        anyio.run(main, address, cli.tokens(address)["submit"])
+        anyio.run(main, *manager_with_a_worker(cli, port, WORKER_PORTS))

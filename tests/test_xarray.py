@@ -21,7 +21,7 @@ from dask._task_spec import TaskRef
 
 from runtime import Cluster
 from runtime.errors import GraphError
-from runtime.graph import reject_collection, unpicklable_error
+from runtime.graph import futures_as_refs, reject_collection, unpicklable_error
 from tests.helpers import free_port_between
 
 pytestmark = pytest.mark.anyio
@@ -86,12 +86,15 @@ async def test_a_persisted_dataarray_is_computed_on_a_worker_process() -> None:
     assert np.array_equal(by_time.a.values, values.mean(axis=0))
 
 
-async def test_a_future_pickles_as_a_reference_to_its_key_and_copies_as_itself() -> None:
+async def test_a_future_pickles_as_a_reference_in_a_collection_and_copies_as_itself() -> None:
     with anyio.fail_after(LIMIT):
         async with Cluster(workers=1) as cluster:
             fut = cluster.submit(sum, [1, 2])
-            loaded = pickle.loads(pickle.dumps(fut))
+            with futures_as_refs():  # in the tasks of a collection (review 1207g F2)
+                loaded = pickle.loads(pickle.dumps(fut))
             assert type(loaded) is TaskRef and loaded.key == fut.key
+            with pytest.raises(TypeError, match="Pass the future as an argument"):
+                pickle.dumps(fut)  # anywhere else
             assert copy.copy(fut) is fut and copy.deepcopy([fut])[0] is fut
             assert await fut == 3
 
