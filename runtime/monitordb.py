@@ -203,6 +203,7 @@ CREATE TABLE IF NOT EXISTS policies (
 CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
 CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
+CREATE INDEX IF NOT EXISTS blocks_block ON blocks (run_id, block, time);
 CREATE INDEX IF NOT EXISTS resource_time ON resource_samples (run_id, time);
 CREATE INDEX IF NOT EXISTS metric_name ON metric_samples (run_id, name, time);
 CREATE INDEX IF NOT EXISTS transfers_time ON transfers (run_id, time);

@@ -436,3 +436,100 @@ def test_the_tries_not_ended_ok_of_a_window_are_those_in_it(tmp_path: Path) -> N
     assert window.failures == [("error", "ValueError", 1)]
     assert window.time_lost == [("error", "failed", 1, 10.0)]
     assert whole.time_lost == [("error", "failed", 2, 20.0)]
+
+
+def _indexes(db: Path) -> set[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("indexed", [True, False])
+def test_the_lives_named_by_their_blocks_ends_are_those_found_row_by_row(
+    tmp_path: Path, indexed: bool
+) -> None:
+    """Review 1207g F4: the worker lives' ends (a preempted life named by the first end
+    or requeue of its block at or after it, when that was an operator's) are read from
+    the blocks' ends made once per query, fast on a file without the ``blocks_block``
+    index too (one the report only reads): on many random blocks and lives, of this run
+    and an older one, each life's end is the one found by walking its block's rows."""
+    rng = random.Random(7)
+    db = _db(tmp_path)
+    conn = sqlite3.connect(db)
+    blocks: dict[tuple[str, str], list[tuple[float, str, str | None]]] = defaultdict(list)
+    with conn:
+        if not indexed:  # a file a writer of this version never opened
+            conn.execute("DROP INDEX blocks_block")
+        for run in (RUN, "before"):
+            for b in range(150):
+                t = T0 + rng.uniform(0, 3000)
+                for _ in range(rng.randint(1, 6)):
+                    state = rng.choice(("pending", "running", "requeued", "cancelled",
+                                        "completed", "stopped"))  # fmt: skip
+                    cause = None if state in ("pending", "running") else rng.choice(
+                        ("preempted", "user", "walltime", None))  # fmt: skip
+                    t += rng.choice((0.0, rng.uniform(1, 300)))  # (ties too)
+                    blocks[(run, f"b{b}")].append((t, state, cause))
+                    conn.execute("INSERT INTO blocks VALUES (?,?,'p',?,?,?)",
+                                 (run, f"b{b}", state, t, cause))  # fmt: skip
+        lives = []
+        for w in range(600):
+            run = rng.choice((RUN, "before"))
+            block = rng.choice([f"b{rng.randrange(150)}", None])
+            joined = T0 + rng.uniform(0, 3000)
+            left = rng.choice((None, joined + rng.uniform(0, 600)))
+            cause = rng.choice(("preempted", "preempted", "shutdown", None))
+            lives.append((run, f"w{w}", block, joined, left, cause))
+        conn.executemany(
+            "INSERT INTO workers (run_id, worker, pool, block, joined, left, cause) "
+            "VALUES (?,?,'p',?,?,?,?)",
+            lives,
+        )
+    conn.close()
+    assert ("blocks_block" in _indexes(db)) is indexed
+
+    def end(run: str, block: str | None, left: float | None, cause: str | None) -> Any:
+        if cause != "preempted" or left is None:
+            return cause
+        later = [r for r in blocks.get((run, block or ""), []) if r[2] is not None and r[0] >= left]
+        if not later:
+            return cause
+        first = min(later, key=lambda r: r[0])
+        ties = [r for r in later if r[0] == first[0]]
+        if len(ties) > 1:  # (which of rows of one time SQLite takes first is its own)
+            return "tie"
+        _, state, by = first
+        return state if state in ("cancelled", "requeued") and by != "preempted" else cause
+
+    expected = sorted(
+        (worker, block, joined, left, end(run, block, left, cause))
+        for run, worker, block, joined, left, cause in lives
+        if run == RUN
+    )
+    got = sorted((w, b, j, left, how) for w, _, b, j, left, how in _run(db).workers)
+    assert [r[:4] for r in got] == [r[:4] for r in expected]
+    named = [(g[4], e[4]) for g, e in zip(got, expected, strict=True) if e[4] != "tie"]
+    assert all(g == e for g, e in named)
+    assert {e for _, e in named} >= {"cancelled", "requeued", "preempted", "shutdown", None}
+
+
+def test_a_writer_adds_the_blocks_index_to_a_file_without_it(tmp_path: Path) -> None:
+    """A file of this schema version made before ``blocks_block`` (an index an older
+    Corral neither makes nor needs): the writer that opens it makes the index, and the
+    version stays."""
+    db = _db(tmp_path)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("DROP INDEX blocks_block")
+        version = conn.execute("SELECT version FROM schema_version").fetchone()
+    conn.close()
+    MonitorWriter(db).close()
+    assert "blocks_block" in _indexes(db)
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT version FROM schema_version").fetchone() == version
+    finally:
+        conn.close()
