@@ -57,8 +57,9 @@ tasks may start ``multiprocessing`` pools (a daemonic process may have no child)
 worker's exit kills it all the same (:func:`_kill_at_exit`). What a task leaves running
 under it when it returns (a program it did not wait for) is killed then, before its
 result goes back, and the worker says so (:func:`_kill_leftovers`): left, it would count
-as the next task's memory. A worker killed
-outright (SIGKILL, the OOM killer) takes its task processes with it (PDEATHSIG), and
+as the next task's memory (not the live pools it keeps for the next task, nor
+``multiprocessing``'s helpers; joblib's reusable pool is shut down instead). A worker
+killed outright (SIGKILL, the OOM killer) takes its task processes with it (PDEATHSIG), and
 nothing of it runs to stop the programs they, or its threads, started: for a worker
 Corral started, its parent (a local process provider) kills every process left in the
 worker's session once it has exited (:func:`runtime.lifeline.kill_session`, Linux), so
@@ -1507,18 +1508,51 @@ def _default_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+#: the reusable process pools of libraries a task may use, each (module, its lock, the
+#: module global holding the pool): loky's, which joblib's default backend (and so
+#: scikit-learn's ``n_jobs``) keeps between calls, whether vendored by joblib or not
+_REUSABLE_POOLS = (
+    ("joblib.externals.loky.reusable_executor", "_executor_lock", "_executor"),
+    ("loky.reusable_executor", "_executor_lock", "_executor"),
+)
+
+
+def _shut_reusable_pools() -> None:
+    """Shut down, workers and all, the reusable process pools of the libraries a task
+    used (:data:`_REUSABLE_POOLS`), which they keep for the next call: the next task
+    that uses one gets a fresh pool. Killed as leftovers instead, the pool would be
+    handed to the next task with its workers dead (joblib: ``TerminatedWorkerError``);
+    left, their memory would count as the next task's."""
+    for module_name, lock_name, holder in _REUSABLE_POOLS:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        with contextlib.suppress(Exception), getattr(module, lock_name):
+            pool = getattr(module, holder, None)
+            if pool is not None:
+                pool.shutdown(wait=True, kill_workers=True)
+                setattr(module, holder, None)
+
+
 def _mp_helpers() -> set[int]:
-    """The pids of the helper processes ``multiprocessing`` started in this process and
-    keeps for the next use (its fork server, its resource tracker): not a task's
-    leftovers, though they outlive the task that made ``multiprocessing`` start them."""
+    """The pids of the helper processes ``multiprocessing`` (or loky, joblib's) started
+    in this process and keeps for the next use (its fork server, its resource tracker),
+    and of the processes of ``multiprocessing`` pools and ``Process`` objects still
+    alive here (``multiprocessing.active_children()``: a ``Pool`` or a
+    ``ProcessPoolExecutor`` a task keeps for the next one, which killed would be broken
+    for it): not a task's leftovers, though they outlive the task that started them."""
     pids: set[int] = set()
     for module, holder, field in (
         ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
         ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+        ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_pid"),
+        ("loky.backend.resource_tracker", "_resource_tracker", "_pid"),
     ):
         pid = getattr(getattr(sys.modules.get(module), holder, None), field, None)
         if isinstance(pid, int):
             pids.add(pid)
+    with contextlib.suppress(Exception):
+        pids.update(p.pid for p in multiprocessing.active_children() if p.pid)
     return pids
 
 
@@ -1531,20 +1565,30 @@ def _kill_leftovers() -> list[tuple[str, int, int]]:
     """Kill (SIGKILL) the programs still running under this task process once its task
     has returned: what it started and did not wait for (a ``Popen`` it forgot, a server
     it left), whose memory would otherwise count as the next
-    task's in this slot and get that one killed at the terminate fence. The task
-    process's own children are reaped. ``multiprocessing``'s helpers (:func:`_mp_helpers`)
-    and exited children (zombies: no memory) are left. ``(name, pid, rss)`` of each
-    killed, for the worker to say (none: ``[]``, after one read of this process's lists
-    of children on Linux)."""
+    task's in this slot and get that one killed at the terminate fence. Libraries'
+    reusable pools are shut down first (:func:`_shut_reusable_pools`). The task
+    process's own children are reaped; the others killed (a program's children) are
+    only seen gone or exited within :data:`_LEFTOVER_GONE` (where PID 1 does not reap,
+    they stay zombies). ``multiprocessing``'s helpers and live pools
+    (:func:`_mp_helpers`), with what runs under them, and exited children (zombies: no
+    memory) are left. A program that double-forked (a daemon) is no longer under this
+    process and escapes: the kill of the task process's group, when the worker stops
+    it, still reaches it. ``(name, pid, rss)`` of each killed, for the worker to say
+    (none: ``[]``, after one read of this process's lists of children on Linux)."""
     killed: list[tuple[str, int, int]] = []
+    me = os.getpid()
+    _shut_reusable_pools()
     for _ in range(_LEFTOVER_ROUNDS):
-        pids = descendants(os.getpid())
+        pids = descendants(me)
         if not pids:
             break
-        helpers = _mp_helpers()
-        procs: list[psutil.Process] = []
+        spared = _mp_helpers() & set(pids)
+        for pid in list(spared):
+            spared.update(descendants(pid))
+        children: list[psutil.Process] = []
+        others: list[psutil.Process] = []
         for pid in pids:
-            if pid in helpers:
+            if pid in spared:
                 continue
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
@@ -1552,14 +1596,34 @@ def _kill_leftovers() -> list[tuple[str, int, int]]:
                     if proc.status() == psutil.STATUS_ZOMBIE:
                         continue
                     killed.append((proc.name(), pid, proc.memory_info().rss))
-                procs.append(proc)
-        if not procs:
+                    (children if proc.ppid() == me else others).append(proc)
+        if not children and not others:
             break
-        for proc in procs:
+        for proc in children + others:
             with contextlib.suppress(psutil.Error):
                 proc.kill()  # (checks it is still the process it read: never a reuser)
-        psutil.wait_procs(procs, timeout=1.0)  # reaps those that are our children
+        psutil.wait_procs(children, timeout=1.0)  # reaps them
+        # Not our children: gone, or a zombie that PID 1 (or their parent, killed
+        # too) is left to reap, which waiting on it would not hasten.
+        deadline = time.monotonic() + _LEFTOVER_GONE
+        while others and time.monotonic() < deadline:
+            others = [proc for proc in others if not _gone(proc)]
+            if others:
+                time.sleep(0.005)
     return killed
+
+
+#: how long the task process waits, after its kill, for a leftover that is not its
+#: child (so cannot be reaped by it) to be gone or a zombie
+_LEFTOVER_GONE = 0.2
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Whether ``proc`` has exited (gone, or a zombie: it holds no memory)."""
+    try:
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return True
 
 
 def _task_process_main(

@@ -423,6 +423,99 @@ async def test_programs_a_task_left_running_are_killed_and_named(
     assert len([r for r in caplog.records if "left programs running" in r.getMessage()]) == 1
 
 
+def joblib_squares() -> tuple[int, list[int]]:
+    """A task body: ``joblib.Parallel(n_jobs=2)`` (loky, its default backend, which
+    scikit-learn's ``n_jobs`` uses) over 4 items; the sum and the pids that did them."""
+    import joblib
+
+    done = joblib.Parallel(n_jobs=2)(joblib.delayed(_square_and_pid)(x) for x in range(4))
+    return sum(n for n, _ in done), sorted({pid for _, pid in done})
+
+
+async def test_consecutive_joblib_tasks_each_get_a_working_pool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two tasks in a row in one task process each run ``joblib.Parallel(n_jobs=2)``:
+    both succeed in parallel. loky keeps its pool (and its resource tracker) for the next
+    call; killed as the first task's leftovers, the pool was handed to the second with
+    its workers dead (``TerminatedWorkerError``). It is shut down at each task's end
+    instead, so nothing of it is left running (nor reported as left)."""
+    pytest.importorskip("joblib")
+    with caplog.at_level("WARNING", logger="corral"):
+        async with executor("process", 1) as (ex, delivered):
+            for i in range(2):
+                ex.submit(job(f"joblib-{i}", joblib_squares), {})
+                result, value = await delivered.get(f"joblib-{i}")
+                assert result.outcome == "ok", result.error
+                total, pids = value
+                assert total == sum(x * x for x in range(4))
+                assert pids and not set(pids) & set(ex.pids())  # its own processes
+                (task_pid,) = ex.pids()
+                assert not set(pids) & set(descendants(task_pid))  # the pool is gone
+    assert not [r for r in caplog.records if "left programs running" in r.getMessage()]
+
+
+#: a task process's kept pool (:func:`kept_pool_squares`), for the next task
+_KEPT: dict[str, Any] = {}
+
+
+def kept_pool_squares(how: str) -> tuple[int, list[int]]:
+    """A task body: map over a 2-process pool (``how`` as :func:`pool_map`) that the
+    task process keeps, unclosed, for the next task; the sum and the pids."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if how not in _KEPT:
+        ctx = mp.get_context("fork")
+        _KEPT[how] = ctx.Pool(2) if how == "pool" else ProcessPoolExecutor(2, mp_context=ctx)
+    done = list(_KEPT[how].map(_square_and_pid, range(20)))
+    return sum(n for n, _ in done), sorted({pid for _, pid in done})
+
+
+@pytest.mark.parametrize("how", ["pool", "executor"])
+async def test_a_pool_kept_for_the_next_task_keeps_working(how: str) -> None:
+    """A task leaves a pool it keeps (a module-level ``Pool`` or ``ProcessPoolExecutor``,
+    unclosed): its processes are not killed as leftovers, so the next task uses it (a
+    killed pool was broken: ``BrokenProcessPool``, or a ``Pool`` that hangs)."""
+    async with executor("process", 1) as (ex, delivered):
+        seen = []
+        for i in range(2):
+            ex.submit(job(f"{how}-{i}", kept_pool_squares, how), {})
+            result, value = await delivered.get(f"{how}-{i}")
+            assert result.outcome == "ok", result.error
+            assert value[0] == sum(x * x for x in range(20))
+            seen.append(value[1])
+        assert set(seen[1]) <= set(descendants(ex.pids()[0]))  # the same, kept processes
+
+
+def leave_shell_with_child(pidfile: str) -> int:
+    """A task body: start a shell that starts ``sleep 600`` (its child, the task
+    process's grandchild) and return without waiting; the sleep's pid is in
+    ``pidfile``."""
+    subprocess.Popen(
+        ["sh", "-c", f"sleep 600 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"]
+    )
+    while not Path(pidfile).exists():
+        time.sleep(0.01)
+    return int(Path(pidfile).read_text())
+
+
+async def test_a_program_s_children_left_running_are_killed_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task leaves a shell running with a child of its own: both are killed and named
+    (the child is not the task process's to reap: it is only seen gone or a zombie)."""
+    pidfile = tmp_path / "sleep.pid"
+    with caplog.at_level("WARNING", logger="corral"):
+        async with executor("process", 1, pidfile) as (ex, delivered):
+            ex.submit(job("shell", leave_shell_with_child, str(pidfile)), {})
+            result, pid = await delivered.get("shell")
+            assert result.outcome == "ok", result.error
+            assert gone(pid)  # already, when the result came
+    (record,) = [r for r in caplog.records if "left programs running" in r.getMessage()]
+    assert f"sleep (pid {pid}," in record.getMessage() and "sh (pid" in record.getMessage()
+
+
 # ----------------------------------------------------------------------------- cluster
 
 PROCESS = {"workers": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}}
