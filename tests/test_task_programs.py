@@ -440,7 +440,6 @@ async def test_consecutive_joblib_tasks_each_get_a_working_pool(
     call; killed as the first task's leftovers, the pool was handed to the second with
     its workers dead (``TerminatedWorkerError``). It is shut down at each task's end
     instead, so nothing of it is left running (nor reported as left)."""
-    pytest.importorskip("joblib")
     with caplog.at_level("WARNING", logger="corral"):
         async with executor("process", 1) as (ex, delivered):
             for i in range(2):
