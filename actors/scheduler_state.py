@@ -604,6 +604,20 @@ class _OverBudget(Exception):
     until the next one (:meth:`SchedulerState._ask`); its fallback answers."""
 
 
+@dataclasses.dataclass(slots=True)
+class _PolicyTurn:
+    """One policy kind's calls in this turn of the scheduler (:meth:`SchedulerState._ask`),
+    settled at its end (:meth:`SchedulerState._end_turn`)."""
+
+    seconds: float = 0.0  #: what its calls took
+    calls: int = 0
+    skipped: int = 0  #: calls not made, over its budget (its fallback answered)
+    #: of its calls, those of ``POLICY_CALL_FLOOR`` or more (what a slow spell sums):
+    #: their seconds and their number
+    slow: float = 0.0
+    slow_calls: int = 0
+
+
 def terminate_fence(ws: WorkerState) -> float:
     """Bytes where ``ws``'s terminate fence is, as the core's own fence tests take it:
     the fence it told in its latest memory report (its ``memory_options``' terminate),
@@ -643,11 +657,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: seconds, for timing policy calls (the shell's ``time.perf_counter``): time as
         #: data, read around each policy call only (:meth:`_ask`)
         self._timer = timer
-        #: per policy kind asked in this turn: [seconds its calls took, calls, calls
-        #: skipped over its budget, and of its calls those of ``POLICY_CALL_FLOOR`` or
-        #: more (what a slow spell sums): their seconds, their number]; settled at the
-        #: end of the turn (:meth:`_end_turn`)
-        self._turn: dict[str, list[float]] = {}
+        #: per policy kind asked in this turn, its calls; settled at the end of the
+        #: turn (:meth:`_end_turn`)
+        self._turn: dict[str, _PolicyTurn] = {}
         #: per kind, when its latest slow turns were (within ``policy_slow_window``)
         self._slow_turns: dict[str, deque[float]] = {}
         #: per kind, its earlier turns' policy calls of ``POLICY_CALL_FLOOR`` or more
@@ -988,24 +1000,24 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         turn = self._turn.get(kind)
         budget = self.config.policy_budget
         if turn is None:
-            turn = self._turn[kind] = [0.0, 0, 0, 0.0, 0]
+            turn = self._turn[kind] = _PolicyTurn()
             self._spent_since(kind)
-        elif turn[0] > budget or (
-            turn[3] + self._spent_sum.get(kind, [0.0])[0] > budget
-            and not _cheap_turn(turn[0], turn[1], budget)  # slow calls so far: a spell
+        elif turn.seconds > budget or (
+            turn.slow + self._spent_sum.get(kind, [0.0])[0] > budget
+            and not _cheap_turn(turn.seconds, turn.calls, budget)  # slow so far: a spell
         ):
-            turn[2] += 1
+            turn.skipped += 1
             raise _OverBudget
         began = self._timer()
         try:
             return method(*args)
         finally:
             took = self._timer() - began
-            turn[0] += took
-            turn[1] += 1
+            turn.seconds += took
+            turn.calls += 1
             if took >= POLICY_CALL_FLOOR:  # a slow spell sums only these
-                turn[3] += took
-                turn[4] += 1
+                turn.slow += took
+                turn.slow_calls += 1
 
     def _spent_since(self, kind: str) -> None:
         """Forget the ``kind`` calls of turns older than ``POLICY_SPREAD *
@@ -1030,7 +1042,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ``policy_slow_window`` seconds its policy is replaced by the default one."""
         turn, self._turn = self._turn, {}
         budget = self.config.policy_budget
-        for kind, (seconds, calls, skipped, counted, counted_calls) in turn.items():
+        for kind, calls_of in turn.items():
+            seconds, calls, skipped = calls_of.seconds, calls_of.calls, calls_of.skipped
+            counted, counted_calls = calls_of.slow, calls_of.slow_calls
             spent = self._spent.setdefault(kind, deque())
             before = self._spent_sum.setdefault(kind, [0.0, 0])
             if _cheap_turn(seconds, calls, budget):
