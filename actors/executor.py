@@ -1559,6 +1559,9 @@ def _mp_helpers() -> set[int]:
 #: how many times the task process looks again for leftovers (a program may fork while
 #: its parent is being killed)
 _LEFTOVER_ROUNDS = 3
+#: how long the task process waits, after its kill, for a leftover that is not its
+#: child (so cannot be reaped by it) to be gone or a zombie
+_LEFTOVER_GONE = 0.2
 
 
 def _kill_leftovers() -> list[tuple[str, int, int]]:
@@ -1611,11 +1614,6 @@ def _kill_leftovers() -> list[tuple[str, int, int]]:
             if others:
                 time.sleep(0.005)
     return killed
-
-
-#: how long the task process waits, after its kill, for a leftover that is not its
-#: child (so cannot be reaped by it) to be gone or a zombie
-_LEFTOVER_GONE = 0.2
 
 
 def _gone(proc: psutil.Process) -> bool:
