@@ -1906,7 +1906,7 @@ class ProcessExecutor(BaseExecutor):
             return TaskResult(key, "cancelled"), None
         try:
             node = task.node
-            payload = node.payload if isinstance(node, PickledNode) else _cloudpickle(node, key)
+            payload = node.payload if isinstance(node, PickledNode) else _cloudpickle(node)
             parts = [memoryview(payload), *_dumps(inputs)]
         except Exception as exc:
             exc.add_note(
@@ -2290,8 +2290,8 @@ def _discard_reply(reply: tuple[Any, list[bytearray | memoryview]]) -> None:
             discard_output(unpickling.loads(parts[0], parts[1:]))
 
 
-def _cloudpickle(node: Any, key: Key) -> bytes:
-    """Task ``key``'s node pickled: a future inside it goes as a reference to its key
-    only in a collection's task (:func:`runtime.graph.futures_as_refs`)."""
-    with futures_as_refs(key):
+def _cloudpickle(node: Any) -> bytes:
+    """A task's node pickled: a future inside it goes as a reference to its key only in
+    a collection's task (:func:`runtime.graph.futures_as_refs`)."""
+    with futures_as_refs(node):
         return pickling.cloudpickle_dumps(node)

@@ -92,13 +92,12 @@ from runtime.files import File
 from runtime.graph import (
     SUBMISSION,
     Key,
+    ScatteredData,
     TaskOptions,
-    argument_tasks,
     check_key,
     check_keys,
     check_shuffle_method,
     collections_expr,
-    forget_argument_task,
     futures_as_refs,
     futures_pickle_as_refs,
     holds_collection,
@@ -1348,7 +1347,6 @@ class ClientActor(Actor):
         w.holders -= 1
         if w.holders <= 0:
             del self.watches[key]
-            forget_argument_task(key)
             if key not in self.read_by_pending:  # not sent yet, and no task to go reads it
                 self._drop_pending(key)
             # A gather still waiting on it (a Future released while awaited): nothing
@@ -3326,7 +3324,6 @@ class Cluster:
         keys, graph = await anyio.to_thread.run_sync(_scattered, values, hash)
         futures = {k: Future(k, self) for k in graph}  # (a value given twice: one task)
         if graph:
-            argument_tasks(graph)  # (a future inside a value is refused, not a reference)
             await self._submit(graph, list(graph), _DEFAULTS, refs=False)
         out = [futures[k] for k in keys]
         if names is not None:
@@ -3764,7 +3761,7 @@ def _scattered(values: list[Any], pure: bool) -> tuple[list[Key], dict[Key, Any]
                 raise TaskArgumentsTooLarge(f"{name}, item {i}", size, limit, scattered=True)
         key = f"{name}-{tokenize(value) if pure else os.urandom(16).hex()}"
         keys.append(key)
-        graph.setdefault(key, DataNode(key, value))
+        graph.setdefault(key, ScatteredData(key, value))  # (a future inside: refused)
     return keys, graph
 
 

@@ -1299,17 +1299,36 @@ def _too_big_for_pool(
 _FUTURES_AS_REFS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "futures_as_refs", default=False
 )
-#: the keys of the tasks :func:`make_task` made (``submit``, ``map``) in this process,
-#: while their clients hold them: a future pickled with one of them is refused, as
-#: it would reach the task as a bare reference, without its value
-_ARGUMENT_TASKS: set[Key] = set()
+
+
+class ArgumentTask(Task):  # type: ignore[misc]  # (dask is untyped)
+    """A task :func:`make_task` made (``submit``, ``map``): its futures are its
+    arguments, made dependencies; one hidden inside an object, a dict key or a closure
+    is refused when the task is pickled (:func:`futures_as_refs`), as it would reach
+    the task as a bare reference, without its value. The mark is the node's own, for
+    as long as the node is: not its key's, which a client lets go of (a ``submit`` whose
+    future is only another's argument) while the task is still to be sent. Pickled, it
+    is a plain ``Task``: nothing new crosses to another process."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Task.__new__, (Task,), self.__getstate__()
+
+
+class ScatteredData(DataNode):  # type: ignore[misc]  # (dask is untyped)
+    """A value a client scattered (``scatter``): a future inside it is refused when it
+    is pickled, as in an :class:`ArgumentTask`. Pickled, it is a plain ``DataNode``."""
+
+    __slots__ = ()
 
 
 @contextlib.contextmanager
-def futures_as_refs(key: Key | None = None) -> Iterator[None]:
-    """Within it, a future pickles as a ``TaskRef`` to its key, unless ``key`` (the
-    task being pickled) is one :func:`make_task` made (:data:`_FUTURES_AS_REFS`)."""
-    token = _FUTURES_AS_REFS.set(key is None or key not in _ARGUMENT_TASKS)
+def futures_as_refs(node: GraphNode | None = None) -> Iterator[None]:
+    """Within it, a future pickles as a ``TaskRef`` to its key, unless ``node`` (the
+    task being pickled) is a client's call or value (:class:`ArgumentTask`,
+    :class:`ScatteredData`): :data:`_FUTURES_AS_REFS`."""
+    token = _FUTURES_AS_REFS.set(not isinstance(node, ArgumentTask | ScatteredData))
     try:
         yield
     finally:
@@ -1319,18 +1338,6 @@ def futures_as_refs(key: Key | None = None) -> Iterator[None]:
 def futures_pickle_as_refs() -> bool:
     """Whether a future pickled now goes as a ``TaskRef`` (:func:`futures_as_refs`)."""
     return _FUTURES_AS_REFS.get()
-
-
-def argument_tasks(keys: Iterable[Key]) -> None:
-    """``keys`` are tasks of values or arguments given by a client (``scatter``), not
-    of a collection: a future pickled with one of them is refused (see
-    :data:`_ARGUMENT_TASKS`)."""
-    _ARGUMENT_TASKS.update(keys)
-
-
-def forget_argument_task(key: Key) -> None:
-    """``key``'s client no longer holds it (see :data:`_ARGUMENT_TASKS`)."""
-    _ARGUMENT_TASKS.discard(key)
 
 
 def _to_refs(obj: Any, is_future: Callable[[Any], Key | None]) -> Any:
@@ -1355,8 +1362,7 @@ def make_task(
     """A ``Task`` node for ``func(*args, **kwargs)`` where futures become dependencies."""
     a = tuple(parse_input(_to_refs(x, is_future)) for x in args)
     kw = {k: parse_input(_to_refs(v, is_future)) for k, v in kwargs.items()}
-    argument_tasks((key,))
-    return Task(key, func, *a, **kw)
+    return ArgumentTask(key, func, *a, **kw)
 
 
 class PickledNode:
@@ -1381,7 +1387,7 @@ class PickledNode:
         from runtime.pickling import cloudpickle_dumps
 
         try:
-            with futures_as_refs(key):
+            with futures_as_refs(node):
                 return cls(key, cloudpickle_dumps(node))
         except Exception as exc:
             stand_in = _Unpicklable(key, _describe(exc))
@@ -1426,7 +1432,8 @@ class _Unpicklable:
 
 
 # Re-exported for modules that build nodes directly.
-__all__ += ["Alias", "DataNode", "GraphNode", "PickledNode", "Task", "TaskRef"]
+__all__ += ["Alias", "ArgumentTask", "DataNode", "GraphNode", "PickledNode", "ScatteredData"]
+__all__ += ["Task", "TaskRef"]
 
 
 class _Fingerprinter(pickle.Pickler):

@@ -17,7 +17,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import DependencyFailed, GraphError
-from tests.helpers import Cli, free_port_between, manager_with_a_worker
+from tests.helpers import Cli, free_port_between, held_at_gate, manager_with_a_worker, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -62,6 +62,37 @@ async def test_a_future_hidden_in_an_argument_is_refused_by_a_task_process() -> 
             # A persisted collection's futures in its graph: references, computed.
             p = await c.persist(da.ones(10, chunks=5))
             assert await c.compute(p.sum()) == 10
+
+
+def first(x: Any, _gate: Any) -> Any:
+    return x
+
+
+@pytest.mark.timeout(LIMIT)
+async def test_a_hidden_future_is_refused_after_its_tasks_own_future_is_let_go(
+    tmp_path: Path,
+) -> None:
+    # Review of 1207g F2's fix: the refusal held only while the client held the task's
+    # own future, so submit(g, submit(f, Box(fut))) (a temporary future) or
+    # submit(f, await scatter(Box(fut))) gave the task Box(TaskRef(...)), no error.
+    go, started = tmp_path / "go", tmp_path / "started"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, memory_options={"execution": "process"}) as c:
+            fut = c.submit(forty_one)
+            await fut
+            gate = c.submit(held_at_gate, str(go), str(started))  # until the futures go
+            inner = c.submit(first, Box(fut), gate)
+            outer = c.submit(first, inner, gate)
+            [scattered] = await c.scatter([Box(fut)])
+            reader = c.submit(first, scattered, gate)
+            keys = (inner.key, scattered.key)
+            del inner, scattered
+            for key in keys:  # their client lets go of them (garbage collected)
+                await wait_until(lambda k=key: k not in c._client_actor.watches)
+            go.touch()
+            for future in (outer, reader):
+                with pytest.raises(DependencyFailed, match=ADVICE):
+                    await future
 
 
 async def _to_manager(address: str, token: str) -> None:
