@@ -886,9 +886,16 @@ def params_of(policy: Any) -> dict[str, str]:
 
 def _plain(value: Any) -> bool:
     """``value`` is plain data that any connection carries as is (a console's takes no
-    pickles): None, a bool, a number, text, or a list, tuple or str-keyed dict of them."""
-    if value is None or isinstance(value, bool | int | float | str):
+    pickles): None, a bool, a number, text, or a list, tuple or str-keyed dict of them;
+    as the codec carries numbers, a finite float and an int of 64 bits (``inf``, a
+    recompute-cost ``threshold`` that never replicates, would fail the whole status
+    reply that carries it)."""
+    if value is None or isinstance(value, bool | str):
         return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**64
     if isinstance(value, list | tuple):
         return all(_plain(v) for v in value)
     if isinstance(value, dict):

@@ -6,6 +6,7 @@ keeps of the policy in force now. Pure cores fed events; a hosted manager on
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from policies.priority import GraphPriority
 from policies.scaling import PoolLimits
 from runtime.client import Cluster, _policies_left_news
 from runtime.console import ConsoleClient
-from runtime.messages import PolicyInfo
+from runtime.messages import PolicyInfo, SetPolicyRequest
 from runtime.report import build_report
 from tests.helpers import (
     Factory,
@@ -164,6 +165,28 @@ async def test_the_status_gives_the_parameters_as_policy_info_does() -> None:
     text = status_text({k: status[k] for k in ("policies", "policy_params", "autoscaler")})
     assert re.search(r"retry\W+default\W+charge_lost=True, max_lost=2", text), text
     assert re.search(r"scaling\W+queue\W+maximum=3", text), text
+
+
+@pytest.mark.anyio
+async def test_a_parameter_no_connection_carries_goes_in_the_status_as_its_repr() -> None:
+    """Before: a policy parameter the codec does not carry (a recompute-cost
+    ``threshold = inf`` in ``[policies]``, which never replicates; an int past 64 bits)
+    went into ``policy_params`` as its value, and every status reply failed to encode:
+    ``status()`` raised ``ProtocolError: ... float inf is not finite``, for every client,
+    console and dashboard of the manager. Such a value goes as its repr, as an object
+    of a policy's own does."""
+    big = GraphPriority()
+    big.params = {"n": 2**70, "fine": 2.5}  # type: ignore[attr-defined]
+    assert param_values(big) == {"fine": 2.5, "n": repr(2**70)}
+    with anyio.fail_after(LIMIT):
+        async with hosted(1) as (address, plane):
+            await plane.manager.ask(
+                SetPolicyRequest("replication", "recompute-cost", {"threshold": math.inf})
+            )  # (in this process: no connection carries the request)
+            async with Cluster(address, manager_alerts=None) as cluster:
+                status = await cluster.status()
+    assert status["policies"]["replication"] == "recompute-cost"
+    assert status["policy_params"]["replication"] == {"threshold": "inf"}
 
 
 def test_a_swap_is_a_story_line_with_its_parameters_and_a_feed_record(
