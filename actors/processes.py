@@ -614,7 +614,8 @@ class LocalProcessProvider(Provider):
     ``accelerators``: device ids (``["0", "1"]``) each of which is given to one worker
     process at a time, pinned with :func:`~actors.providers.accelerator_env` in its
     environment; a worker that has exited frees its device for the next block's. A
-    worker started while all are taken fails its block ("no free accelerator").
+    block started while too few are free waits, pending, until its workers' exits free
+    enough (a pool's replacement of a drained block whose worker still runs its tasks).
     """
 
     def __init__(
@@ -657,6 +658,9 @@ class LocalProcessProvider(Provider):
         self.pool = pool
         self.accelerators = tuple(accelerators)  #: the devices its workers are pinned to
         self._pinned: dict[str, str] = {}  #: device -> the worker process holding it
+        #: what the blocks waiting for accelerators wait on: set (and dropped) when one
+        #: is freed
+        self._freed: anyio.Event | None = None
         self._log = get_logger("corral", component="local-processes")
 
     # -- lifetime ------------------------------------------------------------------------
@@ -728,11 +732,14 @@ class LocalProcessProvider(Provider):
         rec = _Record(block)
         self.blocks[block.block_id] = block
         self._records[block.block_id] = rec
-        if self.provision_delay > 0:
+        if self.provision_delay > 0 or not self._devices_free(spec.workers):
             block.workers.extend(self._worker_id(n, i, spec.workers) for i in range(spec.workers))
             rec.waiting = anyio.CancelScope()
             tg.start_soon(self._provision, rec, n)
-            self._log.info("block pending", block=self._logged(block), delay=self.provision_delay)
+            self._log.info(
+                "block pending", block=self._logged(block), delay=self.provision_delay,
+                **({} if self._devices_free(spec.workers) else {"waits_for": "accelerators"}),
+            )  # fmt: skip
         else:
             await self._launch(rec, n)
         self.blocks_started += 1
@@ -748,17 +755,26 @@ class LocalProcessProvider(Provider):
         return f"{self.prefix}-{n}" if workers == 1 else f"{self.prefix}-{n}.{i}"
 
     async def _provision(self, rec: _Record, n: int) -> None:
-        """A pending block: wait ``provision_delay`` (unless stopped meanwhile), then
-        start its processes."""
+        """A pending block: wait ``provision_delay``, then until as many accelerators as
+        it has workers are free (unless stopped meanwhile), then start its processes."""
         assert rec.waiting is not None
-        with rec.waiting:
-            await anyio.sleep(self.provision_delay)
-        rec.waiting = None
-        if rec.stopping or self._closing:
-            rec.starting = False
-            self._finish_if_done(rec)
-            return
-        await self._launch(rec, n)
+        try:
+            with rec.waiting:
+                await anyio.sleep(self.provision_delay)
+                while not self._devices_free(rec.block.spec.workers):
+                    if self._freed is None:
+                        self._freed = anyio.Event()
+                    await self._freed.wait()
+        except BaseException:  # cancelled outright (the provider's group, as it closes)
+            rec.stopping = True
+            raise
+        finally:
+            rec.waiting = None
+            if rec.stopping or self._closing:  # it ends, never started
+                rec.starting = False
+                self._finish_if_done(rec)
+        if not (rec.stopping or self._closing):
+            await self._launch(rec, n)
 
     async def _launch(self, rec: _Record, n: int) -> None:
         """Spawn the block's processes; RUNNING, or FAILED if one could not start."""
@@ -767,6 +783,8 @@ class LocalProcessProvider(Provider):
         block, spec = rec.block, rec.block.spec
         try:
             for i in range(spec.workers):
+                if rec.stopping or self._closing:  # stopped while it started: no more
+                    break
                 wid = self._worker_id(n, i, spec.workers)
                 argv = list(self.argv_for(block.block_id, i))
                 device = self._pin(wid)
@@ -799,8 +817,8 @@ class LocalProcessProvider(Provider):
                 await self._terminate(rec)
             raise
         rec.starting = False
-        if rec.failure:  # one could not start, or one failed already: stop the others
-            rec.stopped_rest = True
+        if rec.failure or rec.stopping:  # one could not start, one failed already, or
+            rec.stopped_rest = True  # the block was stopped meanwhile: stop the others
             await self._terminate(rec)
         else:
             block.state = BlockState.RUNNING
@@ -855,6 +873,14 @@ class LocalProcessProvider(Provider):
         if rec is None or rec.block is not block:
             raise ValueError(f"block {block.block_id!r} does not come from this provider")
         return rec
+
+    def _devices_free(self, workers: int) -> bool:
+        """Whether ``workers`` worker processes may each be pinned to a free accelerator
+        now (always, without accelerators). A block that may not waits, pending, until
+        enough are freed (:meth:`_provision`): a pool's replacement of a drained block
+        whose worker still finishes its tasks on its device comes up once it exits,
+        where it failed at once, and so did each next one, until the pool gave up."""
+        return not self.accelerators or len(self.accelerators) - len(self._pinned) >= workers
 
     def _pin(self, wid: str) -> str | None:
         """The first accelerator no running worker holds, now held by ``wid`` ("" without
@@ -972,6 +998,9 @@ class LocalProcessProvider(Provider):
         rec.live -= 1
         if rc is not None and child.accelerator:  # exited: its device is free again
             self._pinned.pop(child.accelerator, None)
+            if self._freed is not None:
+                self._freed.set()
+                self._freed = None
         failed = rc != 0
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"
