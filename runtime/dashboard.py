@@ -538,6 +538,7 @@ font-style:italic}
 .alert{margin:2px 0 10px}
 .firing{background:var(--err)}.pending{background:var(--warn)}.resolved{background:var(--ok)}
 .warning{border-left:4px solid var(--warn);padding:4px 8px;margin:6px 0;background:#fff6ec}
+#down{margin:12px 12px 0}
 .failure{border-left:4px solid var(--err);padding:4px 8px;margin:6px 0;background:#fdf3f3}
 .failure .err{font-family:ui-monospace,monospace;color:var(--err);white-space:pre-wrap;
 word-break:break-word}
@@ -549,6 +550,7 @@ a{color:var(--busy)}
 <body>
 <header><h1>Corral</h1><span id="conn" title="no snapshot yet">connecting</span>
 <span id="summary" class="mute"></span><span id="when" class="mute"></span></header>
+<p id="down" class="warning" hidden></p>
 <main>
 <section><h2>Pools and queues <span class="mute">queue depth
 <b id="queue-depth-total" title="no snapshot yet">&ndash;</b></span></h2>
@@ -861,16 +863,44 @@ function render(s) {
   const conn = document.getElementById("conn");
   conn.textContent = "live"; conn.className = "live"; conn.title = total.title = "";
 }
+function down(why, text) {
+  // why the feed is down, said above the panels (data-down: "token", "unreachable")
+  const el = document.getElementById("down");
+  el.hidden = !why; el.textContent = text || "";
+  if (why) document.body.dataset.down = why; else delete document.body.dataset.down;
+}
+async function whyDown() {
+  // a WebSocket does not say why its handshake failed: ask the page itself (HEAD /)
+  const here = location.host;
+  try {
+    const r = await fetch("/", {method: "HEAD", cache: "no-store", credentials: "same-origin"});
+    if (r.status === 401 || r.status === 403) {
+      down("token", "\u26a0 " + here + " refuses this page's token: the manager or " +
+        "cluster there started again, with new tokens. Open the URL it printed at its " +
+        "start (an embedded cluster's: cluster.dashboard_link) once, in any tab; this " +
+        "page then reconnects by itself.");
+    } else {
+      down(null);  // it answers: the feed closed for another reason (stopping, too slow)
+    }
+  } catch (e) {
+    down("unreachable", "\u26a0 nothing answers at " + here + ": the manager or cluster " +
+      "stopped (or the network is down); this page keeps trying. A cluster started " +
+      "again listens on another port unless it was given port=: open its " +
+      "cluster.dashboard_link.");
+  }
+}
 let backoff = 500;
 function connect() {
   const conn = document.getElementById("conn");
   const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") +
                            location.host + "/dashboard/ws");
-  ws.onopen = () => { backoff = 500; };  // "live" at the first snapshot (render)
+  // "live" at the first snapshot (render); the handshake passed: reachable, token taken
+  ws.onopen = () => { backoff = 500; down(null); };
   ws.onmessage = ev => render(JSON.parse(ev.data));
-  ws.onclose = () => {
+  ws.onclose = async () => {
     conn.textContent = "reconnecting"; conn.className = "down";
     conn.title = "the last snapshot is shown until a new one comes";
+    await whyDown();
     setTimeout(connect, backoff); backoff = Math.min(backoff * 2, 10000);
   };
 }

@@ -1151,3 +1151,54 @@ async def test_two_workers_sharing_a_disk_each_show_their_share_as_the_metrics_d
         assert w["disk_limit"] == limits[name] > 0  # the share, as /metrics has it
     # the share: the two add up to no more than their file system has free
     assert sum(limits.values()) <= shutil.disk_usage(tempfile.gettempdir()).free
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_an_open_page_says_why_it_cannot_reconnect_and_comes_back_by_itself(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A user audit (a notebook's cluster restarted on its ``port=``): the page open on
+    it said "reconnecting" for ever, its figures those of the cluster gone, while the
+    new one refused its token. It says why it is down (nothing answers; then its token
+    refused: open the printed URL), and once a tab opened the new URL it reconnects."""
+    port = free_port_between(*PORTS)
+    page = Dashboard(browser)
+    with Cli(tmp_path / "home") as cli:
+        first = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(first, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+        assert browser.execute_script("return document.getElementById('down').hidden")
+        cli.stop([first])
+        said = page.wait(
+            "return document.body.dataset.down === 'unreachable' && "
+            "document.getElementById('down').textContent",
+            "the page to say that nothing answers",
+        )
+        assert f"nothing answers at 127.0.0.1:{port}" in said, said
+        assert "cluster.dashboard_link" in said, said
+
+        again = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        new_url = cli.line_with(again, "dashboard on").split("dashboard on", 1)[1].strip()
+        assert new_url != url  # new tokens
+        said = page.wait(
+            "return document.body.dataset.down === 'token' && "
+            "document.getElementById('down').textContent",
+            "the page to say that its token is refused",
+        )
+        assert "started again, with new tokens" in said and "cluster.dashboard_link" in said
+        assert browser.execute_script("return document.getElementById('conn').textContent") == (
+            "reconnecting"
+        )
+        # the new URL opened in another tab: its cookie serves this page too
+        old = browser.current_window_handle
+        browser.switch_to.new_window("tab")
+        browser.get(new_url)
+        page.wait("return document.body.dataset.snapshots >= 1", "the new tab's snapshot")
+        browser.switch_to.window(old)
+        page.wait(
+            "return document.getElementById('conn').textContent === 'live' && "
+            "document.getElementById('down').hidden && !document.body.dataset.down",
+            "the old page to reconnect by itself",
+        )
