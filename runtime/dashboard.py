@@ -769,6 +769,23 @@ function renderStream(s) {
     {x: (x(s2) - (s2 ? 10 : 20)).toFixed(1), y: hgt - 2, text: s2 ? "-" + s2 + " s" : "now"}));
   put("stream", svg);
 }
+const opened = new Map();  // name -> scrollTop of each <details> opened: kept across snapshots
+function kept(name, summary, body) {
+  // a <details> (a traceback, the alert actions) that stays open, scrolled where it was,
+  // across snapshots once opened, until closed: each snapshot draws the panels anew, which
+  // closed it within the second (one click showed a traceback for a moment)
+  const el = h("details", {"data-name": name}, h("summary", {text: summary}), body);
+  el.addEventListener("toggle", () => {
+    if (!el.open) opened.delete(name); else if (!opened.has(name)) opened.set(name, 0);
+  });
+  body.addEventListener("scroll", () => { if (el.open) opened.set(name, body.scrollTop); });
+  if (opened.has(name)) {
+    el.open = true;
+    const top = opened.get(name);
+    queueMicrotask(() => { body.scrollTop = top; });  // once render has put it in the page
+  }
+  return el;
+}
 function storyLink(key) {
   return h("a", {class: "story-link", href: "/dashboard/story?key=" + encodeURIComponent(key),
                  text: key});
@@ -797,8 +814,8 @@ function renderFailures(s) {
           h("b", {text: g.category}), " · " + g.cause + " (" + g.outcome + ") · latest ",
           storyLink(g.key), " on " + g.worker + ", " + secs(g.ago) + " ago"),
     h("div", {class: "err", text: g.error}),
-    g.traceback ? h("details", {}, h("summary", {text: "traceback"}),
-                    h("pre", {class: "tb", text: g.traceback})) : null)));
+    g.traceback ? kept("traceback " + JSON.stringify([g.category, g.cause]), "traceback",
+                       h("pre", {class: "tb", text: g.traceback})) : null)));
 }
 function renderFree(s) {
   if (!s.free.length) return put("free", empty("no try lost with its worker for a " +
@@ -833,8 +850,8 @@ function renderAlerts(s) {
     h("div", {class: "mute", text: [a.active_since && "active since " + when(a.active_since),
       a.fired_at && "fired " + when(a.fired_at),
       a.resolved_at && "resolved " + when(a.resolved_at)].filter(Boolean).join(" · ")}))),
-    note, s.audit.length ? h("details", {}, h("summary", {text: "actions"}),
-                             h("pre", {text: s.audit.join("\\n")})) : null);
+    note, s.audit.length ? kept("actions", "actions", h("pre", {text: s.audit.join("\\n")}))
+      : null);
 }
 function renderPolicies(s) {
   const rows = Object.entries(s.policies);

@@ -1202,3 +1202,56 @@ def test_an_open_page_says_why_it_cannot_reconnect_and_comes_back_by_itself(
             "document.getElementById('down').hidden && !document.body.dataset.down",
             "the old page to reconnect by itself",
         )
+
+
+def fails_deep(depth: int) -> None:
+    """A task that fails with a traceback longer than its box on the page."""
+    if depth:
+        fails_deep(depth - 1)
+    raise ValueError("bad row 7 of orders.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(150)
+async def test_a_traceback_opened_stays_open_and_scrolled_across_snapshots(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A user audit: a failure group's *traceback* clicked open closed within the
+    second, each snapshot drawing the panel anew (and a scrolled traceback went back to
+    its top). Opened, it stays open where it was scrolled; closed, it stays closed."""
+    port = free_port_between(*PORTS)
+    page = Dashboard(browser)
+    with Cli(tmp_path / "home") as cli:
+        proc, address = cli.manager("--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        cli.worker(address, "--cores", "1")
+        with anyio.fail_after(120):
+            async with Cluster(address) as c:
+                with pytest.raises(ValueError, match="bad row 7"):
+                    await c.submit(fails_deep, 40)
+            await anyio.to_thread.run_sync(browser.get, url)
+            await anyio.to_thread.run_sync(page.wait_for_failure_group, "fails_deep", "ValueError")
+            details = "document.querySelector('.failure[data-category=fails_deep] details')"
+            scrolled = await anyio.to_thread.run_sync(
+                browser.execute_script,
+                f"const d = {details}; d.querySelector('summary').click();"
+                "const pre = d.querySelector('pre'); pre.scrollTop = 300; return pre.scrollTop;",
+            )
+            assert scrolled == 300  # longer than its box: it scrolls
+            drawn = int(browser.execute_script("return document.body.dataset.snapshots"))
+            await anyio.to_thread.run_sync(
+                page.wait, f"return document.body.dataset.snapshots >= {drawn + 2}",
+                "two more snapshots",
+            )  # fmt: skip
+            kept = browser.execute_script(
+                f"const d = {details}; return [d.open, d.querySelector('pre').scrollTop];"
+            )
+            assert kept == [True, 300]
+            browser.execute_script(f"{details}.querySelector('summary').click()")  # closed
+            drawn = int(browser.execute_script("return document.body.dataset.snapshots"))
+            await anyio.to_thread.run_sync(
+                page.wait, f"return document.body.dataset.snapshots >= {drawn + 2}",
+                "two more snapshots",
+            )  # fmt: skip
+            assert browser.execute_script(f"return {details}.open") is False
