@@ -525,7 +525,7 @@ background:var(--bg);color:var(--ink)}
 header{display:flex;gap:16px;align-items:baseline;padding:10px 16px;background:#1c2430;color:#fff}
 header h1{font-size:17px;margin:0}header .mute{color:#aeb7c2}
 #conn{padding:1px 8px;border-radius:9px;background:#555}#conn.live{background:var(--ok)}
-#conn.down{background:var(--err)}
+#conn.down{background:var(--err)}#conn.stale{background:var(--warn)}
 main{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:12px;padding:12px}
 section{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:10px 12px;
 min-width:0;overflow-x:auto}section h2{font-size:14px;margin:0 0 8px}section.wide{grid-column:1/-1}
@@ -879,7 +879,21 @@ function render(s) {
   // no figure to show (a dash), and a screenshot or a slow link must not read a 0
   const conn = document.getElementById("conn");
   conn.textContent = "live"; conn.className = "live"; conn.title = total.title = "";
+  lastSnapshot = performance.now();
 }
+const STALE = 5000;  // ms without a snapshot (one a second) on an open feed: not live
+let lastSnapshot = 0;  // performance.now() of the latest snapshot drawn (0: none yet)
+setInterval(() => {
+  // the feed open but silent: the manager is stopped or its event loop blocked (an
+  // embedded cluster's runs in the program's own loop: a notebook cell that blocks it)
+  const conn = document.getElementById("conn"), idle = performance.now() - lastSnapshot;
+  if (!lastSnapshot || conn.className === "down" || idle < STALE) return;
+  conn.textContent = "no update for " + Math.round(idle / 1000) + " s"; conn.className = "stale";
+  conn.title = "the figures shown are those of the last snapshot: the manager sends one a " +
+    "second and has sent none since; it is busy, stopped, or its event loop is blocked " +
+    "(an embedded cluster's manager runs in your program's event loop: a notebook cell " +
+    "that blocks it, time.sleep or long local work, stops it meanwhile)";
+}, 1000);
 function down(why, text) {
   // why the feed is down, said above the panels (data-down: "token", "unreachable")
   const el = document.getElementById("down");

@@ -1255,3 +1255,36 @@ async def test_a_traceback_opened_stays_open_and_scrolled_across_snapshots(
                 "two more snapshots",
             )  # fmt: skip
             assert browser.execute_script(f"return {details}.open") is False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_page_whose_feed_falls_silent_stops_saying_live(browser: Any, tmp_path: Path) -> None:
+    """A user audit: a notebook cell blocked the event loop of an embedded cluster's
+    manager for 16 s; the open page said "live" (green) all along, its figures frozen.
+    Here the manager process is stopped (SIGSTOP: its connections stay open, it sends
+    nothing): after 5 s with no snapshot the badge says so, and "live" again once
+    snapshots come back."""
+    import signal
+
+    port = free_port_between(*PORTS)
+    page = Dashboard(browser)
+    badge = "document.getElementById('conn')"
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page.wait(f"return {badge}.textContent === 'live'", "a first snapshot")
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            said = page.wait(
+                f"const c = {badge}.textContent; return c.startsWith('no update') && c;",
+                "the badge to say the feed fell silent", limit=30,
+            )  # fmt: skip
+            title = browser.execute_script(f"return {badge}.title")
+            assert browser.execute_script(f"return {badge}.className") == "stale"
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert re.fullmatch(r"no update for \d+ s", said), said
+        assert "event loop is blocked" in title and "notebook cell" in title, title
+        page.wait(f"return {badge}.textContent === 'live'", "snapshots again")
