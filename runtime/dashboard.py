@@ -750,9 +750,14 @@ function renderStream(s) {
   const workers = [...new Set(recent.map(t => t.worker))].sort();
   const left = 170, w = Math.max(document.getElementById("stream").clientWidth, 500) - 4;
   const row = 16, hgt = workers.length * row + 18, span = w - left;
-  // the window: the last 60 s, or less while fewer seconds have tries (10 s steps)
-  const win = Math.min(60, 10 * Math.ceil(Math.max(...recent.map(t => t.ago + t.duration),
-                                                   1) / 10));
+  // the window: the last 60 s, or less while fewer seconds have tries (10 s steps); when
+  // the latest MAX_STREAM tries all ended within the minute (older ones were not kept),
+  // the seconds they cover: a longer axis drew their workers idle before them
+  const capped = recent.length >= MAX_STREAM;
+  const covered = Math.max(...recent.map(t => t.ago), 0.1);
+  const win = capped ? covered : Math.min(60, 10 * Math.ceil(
+    Math.max(...recent.map(t => t.ago + t.duration), 1) / 10));
+  const mark = v => capped ? Number(v.toPrecision(2)) : v;
   const x = ago => left + span * (1 - Math.min(ago, win) / win);
   const svg = h("svg:svg", {width: w, height: hgt});
   workers.forEach((name, i) => svg.append(h("svg:text", {x: 0, y: i * row + 12,
@@ -766,8 +771,11 @@ function renderStream(s) {
     svg.append(r);
   }
   for (const s2 of [1, 0.75, 0.5, 0.25, 0].map(f => f * win)) svg.append(h("svg:text",
-    {x: (x(s2) - (s2 ? 10 : 20)).toFixed(1), y: hgt - 2, text: s2 ? "-" + s2 + " s" : "now"}));
-  put("stream", svg);
+    {x: (x(s2) - (s2 ? 10 : 20)).toFixed(1), y: hgt - 2,
+     text: s2 ? "-" + mark(s2) + " s" : "now"}));
+  put("stream", capped ? h("p", {class: "mute", id: "stream-capped", text: "the latest " +
+    MAX_STREAM + " tries only, which ended in the last " + secs(covered) + ": more end " +
+    "than the stream keeps (the pools' figures count them all)"}) : null, svg);
 }
 const opened = new Map();  // name -> scrollTop of each <details> opened: kept across snapshots
 function kept(name, summary, body) {

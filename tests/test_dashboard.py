@@ -1288,3 +1288,42 @@ def test_a_page_whose_feed_falls_silent_stops_saying_live(browser: Any, tmp_path
         assert re.fullmatch(r"no update for \d+ s", said), said
         assert "event loop is blocked" in title and "notebook cell" in title, title
         page.wait(f"return {badge}.textContent === 'live'", "snapshots again")
+
+
+def test_chromium_draws_a_full_stream_over_the_seconds_its_tries_cover(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A user audit (10k small tasks, 300 ending a second): the stream keeps the latest
+    300 tries, all of the last second, and drew them on a 10 s axis, its workers idle
+    for the 9 s before. A full stream is drawn over the seconds it covers, and says
+    that it holds the latest 300 only; one that is not full keeps its 10 s steps."""
+    port = free_port_between(*SOAK_PORTS)
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        Dashboard(browser).wait("return document.body.dataset.snapshots >= 1", "a snapshot")
+        metrics, status, alerts = _answers()
+
+        def snap(count: int, span: float) -> dict[str, Any]:
+            ended = tuple(
+                RecentTry(f"inc-{n}", "inc", f"w{n % 2}", "ok", 0.004, span * (count - n) / count,
+                          "", n + 1)
+                for n in range(count)
+            )  # fmt: skip
+            return build_snapshot(dataclasses.replace(metrics, recent_tries=ended), status,
+                                  alerts, now=1000.0)  # fmt: skip
+
+        shown = browser.execute_script(
+            "return arguments[0].map(s => { render(s); const note = "
+            "document.getElementById('stream-capped'); return [document.querySelectorAll("
+            "'rect.try').length, [...document.querySelectorAll('#stream svg > text')]."
+            "map(t => t.textContent).filter(t => t.endsWith(' s'))[0], note && "
+            "note.textContent]; });",
+            [snap(300, 0.8), snap(40, 0.8)],
+        )
+    assert shown == [
+        [300, "-0.8 s", "the latest 300 tries only, which ended in the last 800 ms: more end "
+                        "than the stream keeps (the pools' figures count them all)"],
+        [40, "-10 s", None],
+    ]  # fmt: skip
