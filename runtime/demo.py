@@ -531,16 +531,27 @@ def render_summary(run: DemoRun, console: Console) -> None:
                 "N; 0 keeps all; a manager's runs are never removed)",
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
-    console.print(NEXT_STEP, highlight=False, soft_wrap=True)
+    console.print(next_step(run.processes), highlight=False, soft_wrap=True)
 
 
-#: the demo's last line: what to do next
-NEXT_STEP = (
-    "next: the demo on worker processes: python -m runtime --workers 4; across machines: "
-    "python -m runtime manager --listen 0.0.0.0:8786, and on each machine python -m "
-    "runtime worker ws://HOST:8786 --token-file ~/.corral/worker.token (the worker token of "
-    "the manager's token file, in a file of mode 0600; tokens, hosts: docs/deployment.md)"
+#: the demo's last line after a run on worker processes: across machines is what is left
+NEXT_ACROSS_MACHINES = (
+    "across machines: python -m runtime manager --listen 0.0.0.0:8786, and on each machine "
+    "python -m runtime worker ws://HOST:8786 --token-file ~/.corral/worker.token (the "
+    "worker token of the manager's token file, in a file of mode 0600; tokens, hosts: "
+    "docs/deployment.md)"
 )
+
+#: the demo's last line after an in-process run: worker processes first, then machines
+NEXT_STEP = (
+    "next: the demo on worker processes: python -m runtime --workers 4; " + NEXT_ACROSS_MACHINES
+)
+
+
+def next_step(processes: bool) -> str:
+    """The demo's last line: what to try next, not what this run just did (a run on worker
+    processes, ``--workers N``, is not told to run on worker processes)."""
+    return "next: " + NEXT_ACROSS_MACHINES if processes else NEXT_STEP
 
 
 def cluster_text(workers: int, threads: int, processes: bool) -> str:

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from runtime.__main__ import build_parser
 from runtime.demo import (
+    NEXT_ACROSS_MACHINES,
     NEXT_STEP,
     DemoConfig,
     DemoRun,
@@ -61,6 +62,25 @@ def test_the_summary_ends_with_what_to_do_next() -> None:
     assert "2 in-process workers x 1 thread, started in 100 ms" in text, text
     assert "thread(s)" not in text and "worker (in-process)" not in text, text
     assert text.strip().splitlines()[-1] == NEXT_STEP, text
+
+
+def test_a_run_on_worker_processes_is_not_told_to_run_on_worker_processes() -> None:
+    """After ``--workers 4`` the last line goes on to machines; it used to say "next: the
+    demo on worker processes: python -m runtime --workers 4", what had just run."""
+    cfg = DemoConfig(datasets=1, chunks=2, events=200)
+    graph, final = build_graph(cfg)
+    run = DemoRun(
+        config=cfg, graph=graph, final=final, result=dask.get(graph, final), status={},
+        totals=category_totals(graph), workers=4, threads=1, startup=0.1, wall=0.5,
+        processes=True,
+    )  # fmt: skip
+    out = io.StringIO()
+    render_summary(run, Console(file=out, width=300, color_system=None))
+    text = out.getvalue()
+    assert "4 worker processes x 1 thread" in text, text
+    last = text.strip().splitlines()[-1]
+    assert last == "next: " + NEXT_ACROSS_MACHINES, last
+    assert "--workers" not in last and "manager --listen 0.0.0.0:8786" in last, last
 
 
 def test_the_next_step_names_flags_the_command_line_takes() -> None:
