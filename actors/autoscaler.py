@@ -52,6 +52,7 @@ from actors.autoscaler_state import (
     Tick,
     UndrainAnswered,
     UndrainWorker,
+    WorkerRefused,
     WorkersLeft,
     check_blocks,
     check_pool,
@@ -95,7 +96,14 @@ from runtime.messages import (
 if TYPE_CHECKING:
     from actors.scheduler import Scheduler
 
-__all__ = ["DRAIN_RETRY", "MAX_DRAIN_RETRY", "Autoscaler", "PoolTarget", "requeue_line"]
+__all__ = [
+    "DRAIN_RETRY",
+    "MAX_DRAIN_RETRY",
+    "Autoscaler",
+    "PoolTarget",
+    "RefusedWorker",
+    "requeue_line",
+]
 
 #: seconds before a drain the scheduler did not answer in time is asked again, doubled
 #: per miss up to :data:`MAX_DRAIN_RETRY` (a busy scheduler is not hurried)
@@ -116,6 +124,16 @@ class _Answered(Message):
     went."""
 
     event: Any
+
+
+@message(local=True)
+class RefusedWorker(Message):
+    """From the manager: it refused worker ``worker`` at its Hello, for ``reason`` (it
+    runs another Corral protocol version): its block's end is not a crash, and its pool
+    gives up at once (:class:`~actors.autoscaler_state.WorkerRefused`)."""
+
+    worker: str
+    reason: str
 
 
 @message(local=True)
@@ -527,6 +545,13 @@ class Autoscaler(Actor):
             with contextlib.suppress(ActorStopped):
                 await self.scheduler.tell(PolicyNote(note))
             return None
+        if type(cmd) is GaveUp and cmd.refused:
+            self.log.error(
+                "the manager refused this pool's workers (another Corral version); not "
+                "starting any more of them until `resume POOL`",
+                pool=cmd.pool, latest=cmd.latest,
+            )  # fmt: skip
+            return None
         if type(cmd) is GaveUp:
             self.log.error(
                 "workers keep ending; not replacing them any more",
@@ -601,6 +626,10 @@ class Autoscaler(Actor):
     @handles(_Answered)
     async def answered(self, msg: _Answered) -> None:
         await self._handle(msg.event)
+
+    @handles(RefusedWorker)
+    async def refused_worker(self, msg: RefusedWorker) -> None:
+        await self._handle(WorkerRefused(self.clock.now(), msg.worker, msg.reason))
 
     @handles(_Tick)
     async def on_tick(self, msg: _Tick) -> None:

@@ -83,6 +83,10 @@ others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
 its target is set again or it is resumed. Each pool has its own budget: a pool that
 crash-loops does not stop another's replacements.
+A block a worker of which the manager refused at its Hello (:class:`WorkerRefused`: it
+runs another Corral protocol version) ends as ``refused`` instead: free, and its pool
+gives up at once (:class:`GaveUp` with ``refused``), since every block it started would
+be refused the same way; ``resume`` asks again once the installation is fixed.
 
 A target may also be raised for a while (:class:`TargetRaised`, ``scale(n, hold=...)``):
 until then the policy sees the higher one; afterwards the target set before is back,
@@ -183,6 +187,7 @@ __all__ = [
     "Tick",
     "UndrainAnswered",
     "UndrainWorker",
+    "WorkerRefused",
     "WorkersLeft",
     "bounded_detail",
     "brief_detail",
@@ -330,6 +335,17 @@ class WorkersLeft(Event):
     is classified by its workers' leaves (:attr:`AutoscalerState.held`)."""
 
     left: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerRefused(Event):
+    """The manager refused ``worker`` at its Hello (``reason``: it runs another Corral
+    protocol version, so a replacement started from the same installation would be
+    refused too). Its block's end is then ``refused``: free, and the pool gives up at
+    once, saying why, instead of replacing it (:class:`GaveUp` with ``refused``)."""
+
+    worker: str
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -561,6 +577,9 @@ class GaveUp(Command):
     ended: int
     window: float
     latest: str = dataclasses.field(default="", compare=False)
+    #: the manager refused the pool's workers (another Corral version,
+    #: :class:`WorkerRefused`): it gave up at the first such end, not after a crash loop
+    refused: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -644,6 +663,9 @@ class BlockRecord:
     rejoin: set[str] = dataclasses.field(default_factory=set)
     #: its workers' leaves heard (:class:`WorkersLeft`): worker id -> cause
     left: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: why the manager refused a worker of it at its Hello (:class:`WorkerRefused`;
+    #: "": none was)
+    refused: str = ""
 
 
 @dataclasses.dataclass(slots=True)
@@ -982,9 +1004,30 @@ class AutoscalerState:
         crash loop."""
         cause, charged = self._cause(b, read)
         end = self._ended(b, state, cause, charged, detail, at)
+        if cause == "refused":
+            self._refused(b, state)
         if charged:
             why = f"{b.block_id} ended {state} ({cause})"
             self._unasked_end(b.pool, f"{why}: {end.detail}" if end.detail else why)
+
+    def _refused(self, b: BlockRecord, state: str) -> None:
+        """Block ``b`` ended after the manager refused a worker of it: its pool gives up
+        at once (every replacement would run the same installation), saying why."""
+        why = bounded_detail(
+            f"{b.block_id} ended {state} (refused): {b.refused}. Each block of pool "
+            f"{b.pool!r} would be refused the same way, so none is started any more: "
+            f"install the manager's Corral where the pool's workers run (the same "
+            f"release or checkout), then `resume {b.pool}`"
+        )
+        self.last_failure[b.pool] = why
+        if b.pool not in self.gave_up:
+            self.gave_up.add(b.pool)
+            self._out.append(GaveUp(b.pool, 1, self.config.replacement_window, why, refused=True))
+
+    def _worker_refused(self, ev: WorkerRefused) -> None:
+        for b in (*self.blocks.values(), *(h.record for h in self.held.values())):
+            if ev.worker in b.workers:
+                b.refused = b.refused or ev.reason
 
     def _workers_left(self, ev: WorkersLeft) -> None:
         for b in (*self.blocks.values(), *(h.record for h in self.held.values())):
@@ -1008,6 +1051,8 @@ class AutoscalerState:
     def _cause(self, b: BlockRecord, state: str) -> tuple[str, bool]:
         """Why block ``b`` ended in ``state`` unasked, and whether that spends the
         replacement budget (only ends that may be a crash loop do)."""
+        if b.refused and state not in ("preempted", "timeout"):
+            return "refused", False  # not a crash: the pool gives up at once (_refused)
         if state == "preempted":
             return "preempted", False
         if state == "timeout":
@@ -1680,6 +1725,7 @@ _DISPATCH: dict[type, Any] = {
     BlockStopped: AutoscalerState._block_stopped,
     BlockRequeued: AutoscalerState._block_requeued,
     WorkersLeft: AutoscalerState._workers_left,
+    WorkerRefused: AutoscalerState._worker_refused,
     BlockRunning: AutoscalerState._block_running,
     BlockHeld: AutoscalerState._block_held,
     Resumed: AutoscalerState._resumed,

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.abc
 
-from actors.autoscaler import Autoscaler, PoolTarget
+from actors.autoscaler import Autoscaler, PoolTarget, RefusedWorker
 from actors.executor import kill_task_processes
 from actors.host_memory import CORES_FLAG
 from actors.manager import GC_THRESHOLD, GcTuning, Manager, process_figures
@@ -86,6 +86,7 @@ from runtime.errors import (
     CorralError,
     FrameTooLarge,
     InvalidAddress,
+    MailboxFull,
     ManagerStopping,
     ManagerUnreachable,
     PermissionDenied,
@@ -2347,6 +2348,13 @@ class Gateway:
                 kind=refusal.kind, name=refusal.name, its_protocol=refusal.peer,
                 protocol=refusal.manager, version=CORRAL_VERSION, reason=str(refusal),
             )  # fmt: skip
+            autoscaler = self.plane.refs.get("autoscaler")
+            if refusal.kind == "worker" and role in WORKER_TOKEN_ROLES and autoscaler:
+                # A pool's worker (its block ends as it exits): not a crash, and the
+                # pool's next block would be refused the same way. (A full mailbox:
+                # skipped; the block's end is then read as a crash, as before.)
+                with contextlib.suppress(MailboxFull, ActorStopped):
+                    autoscaler.tell_nowait(RefusedWorker(refusal.name, str(refusal)))
             # A peer older than the class reads it as the ProtocolError it knows.
             plain = ProtocolError(str(refusal)) if refusal.peer == 0 else None
             await refuse(conn, refusal, readable=plain)

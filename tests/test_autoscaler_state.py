@@ -54,6 +54,7 @@ from actors.autoscaler_state import (
     Tick,
     UndrainAnswered,
     UndrainWorker,
+    WorkerRefused,
 )
 from policies import PolicyParamsError, PoolView
 from policies.scaling import PoolLimits
@@ -656,6 +657,43 @@ def test_the_replacement_budget_gives_up_and_a_new_target_restores_it() -> None:
     assert list(s.replacements) == []
     assert run(s, TargetSet(101.0, "default", 1, SPEC)) == [StartBlock(4, "default", SPEC)]
     assert s.gave_up == set()
+
+
+def test_a_block_whose_worker_the_manager_refused_is_no_crash_and_its_pool_gives_up() -> None:
+    """A pool whose workers run another Corral protocol version: the manager refuses
+    each at its Hello and it exits 1. That end was a ``crash``, spending the budget,
+    replaced every few seconds until the pool gave up as "workers keep ending" (the
+    CorralBlocksFailing alert on the way). Now it is ``refused``, free, and the pool
+    gives up at its first such end, saying to install the manager's Corral."""
+    s = make(max_replacements=10, window=60.0)
+    run(s, TargetSet(0.0, "cpu", 1, SPEC), TargetSet(0.0, "gpu", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "cpu-1", ("c1",)), BlockStarted(0.1, 2, "gpu-1", ("g1",)))
+    reason = "the manager refused this worker ('c1'): it speaks Corral protocol 3"
+    assert run(s, WorkerRefused(1.0, "c1", reason), WorkerRefused(1.0, "nobody", "x")) == []
+    out = run(s, BlockEnded(2.0, "cpu-1", "failed", detail="c1 failed: exit code 1"))
+    latest = (
+        f"cpu-1 ended failed (refused): {reason}. Each block of pool 'cpu' would be "
+        "refused the same way, so none is started any more: install the manager's Corral "
+        "where the pool's workers run (the same release or checkout), then `resume cpu`"
+    )
+    assert out == [
+        ReportGone("cpu-1", ("c1",), "refused", "failed", "c1 failed: exit code 1"),
+        GaveUp("cpu", 1, 60.0, latest, refused=True),
+    ]
+    assert s.gave_up == {"cpu"} and s.last_failure["cpu"] == latest
+    assert s.ends[-1].cause == "refused" and not s.ends[-1].charged
+    assert (s.spent("cpu"), s.failed.get("cpu", 0)) == (0, 0)  # no crash loop counted
+    # The other pool's crash is a crash, replaced as before.
+    assert run(s, BlockEnded(3.0, "gpu-1", "failed")) == [
+        ReportGone("gpu-1", ("g1",), "crash", "failed"),
+        StartBlock(3, "gpu", SPEC),
+    ]
+    # Resumed (the install fixed): it asks again, and a block of it that crashes then,
+    # with no refusal, is a crash.
+    assert run(s, Resumed(4.0, "cpu")) == [StartBlock(4, "cpu", SPEC)]
+    run(s, BlockStarted(4.5, 4, "cpu-2", ("c2",)))
+    (gone,) = only(run(s, BlockEnded(5.0, "cpu-2", "failed")), ReportGone)
+    assert gone.cause == "crash" and s.spent("cpu") == 1
 
 
 def test_each_pool_has_its_own_replacement_budget() -> None:

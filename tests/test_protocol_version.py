@@ -19,11 +19,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import os
 import pickle
 import pkgutil
 import struct
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +172,9 @@ def test_an_old_client_is_refused_at_its_hello(tmp_path: Path) -> None:
         assert manager.poll() is None
 
 
-#: A worker of a newer protocol version, which this manager's code can read the Hello of.
-NEWER_WORKER = """
-import sys
+#: What makes a process speak the next protocol version: its Hello says so (this
+#: manager's code can read the Hello of a newer worker).
+NEWER_HELLO = """
 import runtime.codec as codec
 
 plain = codec._frame_header
@@ -184,6 +186,11 @@ def newer(frame, bufs):
     return header
 
 codec._frame_header = newer
+"""
+#: A worker of a newer protocol version.
+NEWER_WORKER = f"""
+import sys
+{NEWER_HELLO}
 from runtime.__main__ import main
 sys.exit(main(["worker", sys.argv[1], "--port", sys.argv[2]]))
 """
@@ -248,6 +255,8 @@ CATALOGUES = {
     # WorkerInfo.execution and WorkerInfo.accelerator (a worker's execution mode and the
     # device it is pinned to): version 2
     "47bd45021253a0b9d0b60cc89f38ac94395a6374b25cecd1963acef9b5d4485b": 2,
+    # RefusedWorker, the manager's own message to its autoscaler: it never crosses
+    "8a54cd593de6ce37cb9c0261e76d48f923332e0d99f42372f3405a374286521b": 2,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
@@ -279,3 +288,55 @@ def test_a_change_to_the_messages_is_a_decision_about_the_protocol_version() -> 
         "counts), raise PROTOCOL_VERSION by one. Either way, record the catalogue in "
         f"CATALOGUES: {found!r}: <the version>"
     )
+
+
+#: A ``sitecustomize`` that makes the worker processes started under it (a pool's: the
+#: manager's environment is theirs) speak the next protocol version, the manager not.
+NEWER_POOL_WORKERS = 'import sys\nif "worker" in sys.orig_argv:\n' + textwrap.indent(
+    NEWER_HELLO, "    "
+)
+
+
+def test_a_pool_whose_workers_the_manager_refuses_gives_up_at_once_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A pool's workers of another Corral than the manager's (a `git pull` under a
+    running manager): each block's end was a ``crash``, replaced every few seconds,
+    spending the budget (the CorralBlocksFailing alert), until the pool gave up as
+    "workers keep ending". Now the first such end is ``refused`` and the pool gives up
+    at once, saying to install the manager's Corral there."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NEWER_POOL_WORKERS)
+    config = tmp_path / "pools.toml"
+    config.write_text('[pools.cpu]\nprovider = "local"\nmin_blocks = 1\nmax_blocks = 1\n')
+    with Cli(tmp_path) as cli:
+        cli.env["PYTHONPATH"] = os.pathsep.join([str(site), cli.env["PYTHONPATH"]])
+        port = free_port_between(LO, HI)
+        manager = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config",
+            str(config), "--log-level", "info",
+        )  # fmt: skip
+        seen: list[str] = []
+        line = cli.line_with(manager, "worker block ended unasked", limit=60, seen=seen)
+        assert "block='cpu/block-1'" in line and "cause='refused'" in line, line
+        line = cli.line_with(manager, "the manager refused this pool's workers", seen=seen)
+        assert "pool='cpu'" in line, line
+        assert "install the manager's Corral where the pool's workers run" in line, line
+        assert "`resume cpu`" in line, line
+        assert "speaks Corral protocol" in line, line
+
+        async def status() -> dict[str, Any]:
+            address = f"ws://127.0.0.1:{port}"
+            token = cli.tokens(address)["admin"]
+            with anyio.fail_after(30):
+                async with Cluster(address, token=token, manager_alerts=None) as c:
+                    return dict((await c.status())["autoscaler"])
+
+        auto = anyio.run(status)
+        assert auto["gave_up"] == ["cpu"], auto
+        assert [(e["block"], e["cause"], e["charged"]) for e in auto["ends"]] == [
+            ("cpu/block-1", "refused", False)
+        ], auto["ends"]
+        assert not any("cpu/block-2" in s for s in seen), seen  # none started after it
+        assert manager.poll() is None
