@@ -840,6 +840,12 @@ class BaseExecutor(abc.ABC):
         """Kill running task ``key``; whether it was. Threads cannot be: always False."""
         return False
 
+    def programs_of(self, key: Key) -> list[tuple[str, int]]:
+        """``(name, pid)`` of the programs running task ``key`` started that run now
+        and that a cancel of it would leave running (thread mode, on Linux, which lists
+        a thread's children; []: none, or the mode stops them with the task)."""
+        return []
+
     def cancel(self, key: Key) -> bool:
         """Cancel ``key``: a queued task is reported ``cancelled`` without running; a
         running one frees its slot at once where the mode can (see each mode), its
@@ -1069,6 +1075,28 @@ class Executor(BaseExecutor):
         stopping = coroutine is not None
         self._push([(TaskResult(key, "cancelled", now, now, stopping=stopping), None)])
         return stopping
+
+    def programs_of(self, key: Key) -> list[tuple[str, int]]:
+        """As :meth:`BaseExecutor.programs_of`: the children the thread running ``key``
+        started (``/proc/self/task/<tid>/children``), not the exited ones; not those
+        it started from threads of its own."""
+        with self._lock:
+            thread = self._running.get(key)
+        if thread is None or not thread.native_id or not _PROC_CHILDREN:
+            return []
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/children", "rb") as f:
+                pids = _pids(f.read())
+        except OSError:
+            return []
+        found = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        found.append((proc.name(), pid))
+        return found
 
     def _started(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         """From a task's thread, on the loop its coroutine is about to run on (the

@@ -302,6 +302,14 @@ HELD_THREAD = (
     "slot, and takes no task, until the call returns. Run tasks that may hang with "
     "execution 'process'"
 )
+#: a task given up in thread execution (its timeout, a cancel) whose programs run on
+LEFT_PROGRAMS = (
+    "a task given up (its timeout, or a cancel) left the programs it started running: "
+    "in thread execution Corral cannot stop them (nor a thread). Stop them "
+    "yourself (kill PID) if they should not run on, and run tasks that start programs "
+    "in workers with --execution process (execution='process'), where a timeout or a "
+    "cancel kills them with their task"
+)
 HELD_COROUTINE = (
     "a running async task's coroutine was cancelled; its thread cannot be abandoned (as "
     "many are already as this worker has threads), so it keeps its slot, and takes no "
@@ -724,7 +732,13 @@ class Worker(Actor):
     def _cancel_running(self, key: Key) -> None:
         assert self.executor is not None
         before = self.executor.abandoned
+        programs = self.executor.programs_of(key)
         coroutine = self.executor.cancel(key)
+        if programs:
+            self.log.warning(
+                LEFT_PROGRAMS, key=str(key),
+                programs=", ".join(f"{name} (pid {pid})" for name, pid in programs),
+            )  # fmt: skip
         if self.executor.abandoned != before:
             self._report()  # the scheduler's status shows the abandoned thread
         elif self.executor.held != self.state.threads_held:  # no room for another

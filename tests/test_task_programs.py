@@ -35,6 +35,7 @@ from actors.executor import (
     rss,
     tree_rss,
 )
+from actors.worker import LEFT_PROGRAMS
 from runtime import Cluster
 from runtime.errors import TaskOutOfMemory, TaskTimeout
 from tests.helpers import Cli, wait_until
@@ -550,9 +551,13 @@ async def test_a_cancel_stops_the_program_its_task_started(tmp_path: Path) -> No
             assert await c.submit(sum, [1, 2]) == 3  # the slot went on
 
 
-async def test_a_timeout_in_thread_execution_says_its_program_runs_on(tmp_path: Path) -> None:
+async def test_a_timeout_in_thread_execution_says_its_program_runs_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error says so, and the worker warns naming the program and its pid (it
+    said nothing of them: a program a hung thread started ran on unseen)."""
     pidfile = tmp_path / "tool.pid"
-    with reaping(pidfile), anyio.fail_after(BOUND):
+    with reaping(pidfile), anyio.fail_after(BOUND), caplog.at_level("WARNING"):
         async with Cluster(workers=1, threads_per_worker=1) as c:
             await c.wait_for_workers(1, timeout=BOUND)
             fut = c.submit(run_tool, str(pidfile), 0, 30.0, timeout=0.5)
@@ -563,6 +568,10 @@ async def test_a_timeout_in_thread_execution_says_its_program_runs_on(tmp_path: 
             assert not err.stopped and "given up there, but not stopped" in str(err)
             assert 'execution="process"' in str(err)
             assert not gone(pid)  # as it says: nothing stopped it
+            (said,) = [r.getMessage() for r in caplog.records if LEFT_PROGRAMS in r.getMessage()]
+            name = psutil.Process(pid).name()
+            assert f"programs='{name} (pid {pid})'" in said, said
+            assert f"key='{fut.key}'" in said, said
             os.kill(pid, signal.SIGKILL)  # the abandoned thread's call returns
 
 
