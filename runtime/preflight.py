@@ -21,6 +21,9 @@ The checks:
   Corral's and dask's versions as JSON to its output file; a ``local`` pool runs the same
   code in a subprocess (``sys.executable -c``). A version that differs from the manager's
   (Python's major.minor, Corral's, dask's) is a FAIL naming both sides.
+- ``accelerators``: a local pool's ``accelerators`` are devices of this machine
+  (``nvidia-smi -L`` lists them, or at least a device node shows an accelerator), and
+  within this process's ``CUDA_VISIBLE_DEVICES`` when it has one.
 - ``drain``: how long before its walltime each pool with one has its workers drained;
   a WARN when, without a ``drain_period``, the default margin would be capped at half
   a short walltime. ``signal warning``: a WARN for a Slurm pool whose
@@ -331,6 +334,93 @@ def check_local(pool: PoolConfig, timeout: float = 60.0) -> CheckResult:
         )  # fmt: skip
     report = parse_probe_output(done.stdout)
     return _judge_probe(pool.name, report, f"local, {sys.executable}", done.stderr)
+
+
+#: ``nvidia-smi -L``'s lines: a GPU (its index and UUID) or a MIG device (its UUID)
+_GPU_LINE = re.compile(r"^\s*(?:GPU (\d+):|MIG .*?Device\s+\d+:).*\(UUID: ([^)\s]+)\)")
+
+
+def check_accelerators(
+    pool: PoolConfig,
+    timeout: float = 20.0,
+    path: str | None = None,
+    dev: Path = Path("/dev"),
+    environ: Mapping[str, str] = os.environ,
+) -> CheckResult | None:
+    """A ``local`` pool with ``accelerators``: its device ids are this machine's. With
+    ``nvidia-smi`` on ``path`` (None: ``PATH``), each id must be a GPU index or a GPU or
+    MIG UUID it lists (FAIL naming the missing ones and the ones there); without it, a
+    WARN when ``dev`` shows no accelerator at all (no ``nvidiaN``, ``kfd`` (ROCm) nor
+    ``dri/renderD*``), since the workers would then be pinned to devices that are not
+    there. A WARN too when this process runs limited to some GPUs
+    (``CUDA_VISIBLE_DEVICES`` in ``environ``) that the ids go beyond: each worker's own
+    id replaces that list, so it names a device of the whole machine. None: no such
+    pool."""
+    if pool.provider != "local" or not pool.accelerators:
+        return None
+    ids = list(pool.accelerators)
+    where = f"accelerators = {ids} in [pools.{pool.name}]"
+    limited = environ.get("CUDA_VISIBLE_DEVICES", "")
+    allowed = [d.strip() for d in limited.split(",") if d.strip()]
+    beyond = [i for i in ids if allowed and i not in allowed]
+    smi = shutil.which("nvidia-smi", path=path)
+    if smi is None:
+        found = [
+            str(p)
+            for pattern in ("nvidia[0-9]*", "kfd", "dri/renderD*")
+            for p in sorted(dev.glob(pattern))
+        ]
+        if found:
+            return _accelerators_beyond(pool, where, limited, beyond, f"devices {found}")
+        return CheckResult(
+            pool.name, "accelerators", WARN,
+            f"no accelerator on this machine: no nvidia-smi on PATH, and no {dev}/nvidiaN, "
+            f"{dev}/kfd nor {dev}/dri/renderD*, yet {where} pins each worker to one",
+            "Run this pool on a machine with those GPUs (their drivers installed: "
+            "`nvidia-smi -L` lists them), or remove `accelerators` from the pool.",
+        )  # fmt: skip
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return CheckResult(
+            pool.name, "accelerators", WARN, f"`nvidia-smi -L` did not answer: {exc}",
+            "Check the GPU driver (`nvidia-smi` should list the GPUs).",
+        )  # fmt: skip
+    listed: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        m = _GPU_LINE.match(line)
+        if m is not None:
+            if m.group(1) is not None:
+                listed[m.group(1)] = line.strip()
+            listed[m.group(2)] = line.strip()
+    missing = [i for i in ids if i not in listed]
+    if done.returncode != 0 or missing:
+        said = (done.stdout.strip() or done.stderr.strip() or "nothing").splitlines()
+        return CheckResult(
+            pool.name, "accelerators", FAIL,
+            f"{where}, but `nvidia-smi -L` lists no {missing or ids} on this machine "
+            f"(exit status {done.returncode}; it said: {' / '.join(said[:8])})",
+            "List the indices (0, 1, ...) or UUIDs `nvidia-smi -L` shows, as many as "
+            "the pool's workers (max_blocks x workers_per_node).",
+        )  # fmt: skip
+    return _accelerators_beyond(pool, where, limited, beyond, f"nvidia-smi lists {ids}")
+
+
+def _accelerators_beyond(
+    pool: PoolConfig, where: str, limited: str, beyond: list[str], seen: str
+) -> CheckResult:
+    """PASS (``seen``), or a WARN when this process's ``CUDA_VISIBLE_DEVICES``
+    (``limited``) leaves out some of the pool's ids (``beyond``)."""
+    if beyond:
+        return CheckResult(
+            pool.name, "accelerators", WARN,
+            f"this process runs with CUDA_VISIBLE_DEVICES={limited}, and {where} goes "
+            f"beyond it ({beyond}): each worker's id replaces that list, so it names a "
+            "GPU of the whole machine, maybe one given to someone else",
+            "List the GPUs this process may use (those of CUDA_VISIBLE_DEVICES) in the "
+            "pool's accelerators.",
+        )  # fmt: skip
+    return CheckResult(pool.name, "accelerators", PASS, f"{where}: {seen}")
 
 
 def check_drain(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
@@ -1343,6 +1433,9 @@ def run_checks(
         if pool.provider == "local":
             if probe:
                 results.append(check_local(pool))
+            gpus = check_accelerators(pool, command_timeout)
+            if gpus is not None:
+                results.append(gpus)
             continue
         if parts is None:
             continue

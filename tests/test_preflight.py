@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import dask
@@ -37,6 +38,7 @@ from runtime.preflight import (
     CheckResult,
     Versions,
     _judge_probe,
+    check_accelerators,
     check_directories,
     check_directory,
     check_partition,
@@ -1027,3 +1029,81 @@ def test_bad_worker_keys_are_refused_by_check_with_did_you_mean(tmp_path: Path) 
     good = LOCAL + 'worker_port_range = "21010-21049"\nexecution = "process"\ngrace = 30\n'
     done = check(tmp_path, good, "--no-probe")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+#: ``nvidia-smi -L`` of a machine with two GPUs, the second split into a MIG device
+NVIDIA_SMI_L = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1111aaaa-0000-0000-0000-000000000000)
+GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2222bbbb-0000-0000-0000-000000000000)
+  MIG 1g.5gb      Device  0: (UUID: MIG-3333cccc-0000-0000-0000-000000000000)
+"""
+
+
+def _gpu_pool(accelerators: object, provider: str = "local") -> Any:
+    return pools_from_dicts(
+        {"gpu": {"provider": provider, "max_blocks": 2, "accelerators": accelerators}}
+    )["gpu"]
+
+
+def _nvidia_smi(tmp_path: Path, listing: str, status: int = 0) -> str:
+    """A directory holding an ``nvidia-smi`` program that prints ``listing`` for
+    ``-L`` (this machine has no GPU: the program stands in for the driver's)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "listing").write_text(listing)
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\n[ "$1" = -L ] && cat "{bin_dir}/listing"\nexit {status}\n')
+    tool.chmod(0o755)
+    return str(bin_dir)
+
+
+def test_a_local_gpu_pool_on_a_machine_without_accelerators_is_warned_of(tmp_path: Path) -> None:
+    """``check --config`` said nothing of a local pool's ``accelerators``: a pool pinned
+    to GPUs on a machine with none passed. Now: a WARN naming what was looked for."""
+    empty = tmp_path / "dev"
+    empty.mkdir()
+    got = check_accelerators(_gpu_pool(2), path=str(tmp_path), dev=empty, environ={})
+    assert got is not None and (got.pool, got.check, got.status) == ("gpu", "accelerators", WARN)
+    assert got.detail == (
+        f"no accelerator on this machine: no nvidia-smi on PATH, and no {empty}/nvidiaN, "
+        f"{empty}/kfd nor {empty}/dri/renderD*, yet accelerators = ['0', '1'] in "
+        "[pools.gpu] pins each worker to one"
+    )
+    assert "`nvidia-smi -L` lists them" in got.advice
+    (empty / "kfd").touch()  # a ROCm machine: its devices are there
+    got = check_accelerators(_gpu_pool(2), path=str(tmp_path), dev=empty, environ={})
+    assert got is not None and got.status == PASS, got
+    # Neither a pool without accelerators nor a Slurm pool (its nodes are elsewhere).
+    assert check_accelerators(_gpu_pool(None), path=str(tmp_path), dev=empty) is None
+    slurm = _gpu_pool(2, "slurm")
+    assert check_accelerators(slurm, path=str(tmp_path), dev=empty) is None
+
+
+def test_a_local_gpu_pool_s_ids_are_those_nvidia_smi_lists(tmp_path: Path) -> None:
+    path = _nvidia_smi(tmp_path, NVIDIA_SMI_L)
+    mig = "MIG-3333cccc-0000-0000-0000-000000000000"
+    for ids in (2, ["1", "0"], [mig, "GPU-1111aaaa-0000-0000-0000-000000000000"]):
+        got = check_accelerators(_gpu_pool(ids), path=path, environ={})
+        assert got is not None and got.status == PASS, got
+    got = check_accelerators(_gpu_pool(4), path=path, environ={})
+    assert got is not None and got.status == FAIL, got
+    assert got.detail.startswith(
+        "accelerators = ['0', '1', '2', '3'] in [pools.gpu], but `nvidia-smi -L` lists no "
+        "['2', '3'] on this machine (exit status 0; it said: GPU 0: NVIDIA A100-SXM4-40GB"
+    ), got.detail
+    assert "List the indices (0, 1, ...) or UUIDs `nvidia-smi -L` shows" in got.advice
+    # This process limited to GPU 1 (a Slurm allocation's CUDA_VISIBLE_DEVICES): a
+    # worker pinned to 0 would take a GPU it was not given.
+    got = check_accelerators(_gpu_pool(2), path=path, environ={"CUDA_VISIBLE_DEVICES": "1"})
+    assert got is not None and got.status == WARN, got
+    assert "CUDA_VISIBLE_DEVICES=1" in got.detail and "(['0'])" in got.detail, got.detail
+
+
+def test_a_failing_nvidia_smi_fails_the_check_with_what_it_said(tmp_path: Path) -> None:
+    path = _nvidia_smi(
+        tmp_path,
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+        status=9,
+    )
+    got = check_accelerators(_gpu_pool(2), path=path, environ={})
+    assert got is not None and got.status == FAIL, got
+    assert "exit status 9" in got.detail and "couldn't communicate" in got.detail, got.detail
