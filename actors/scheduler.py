@@ -1265,6 +1265,7 @@ class Scheduler(Actor):
             "placement_stalls_total": dict(st.placement_stall_count),
             "warnings": tuple(self.host_warnings[h] for h in sorted(self.host_warnings)),
             "crash_suspects": st.crash_suspects(),
+            "contained_suspects": st.contained_suspects(),
         }
 
     def _storage(self) -> StorageStatus:

@@ -1368,6 +1368,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 out[str(key)] = tuple(worker for worker, _ in crashes)
         return out
 
+    def contained_suspects(self) -> tuple[str, ...]:
+        """The keys of :meth:`crash_suspects` whose every crash was of a worker that ran
+        its tasks in task processes (``WorkerJoined.contained``: its
+        ``WorkerInfo.execution``), where a task's crash ends its task process, not its
+        worker: the client's hint then does not advise execution 'process'."""
+        out = []
+        for key in self.crash_suspects():
+            ts = self.tasks.get(key)
+            if ts is not None and ts.contained_crashes >= len(ts.crashes()):
+                out.append(key)
+        return tuple(out)
+
     def queued_by_pool(self) -> dict[str, int]:
         """Ready tasks per pool (``"*"``: tasks any pool may run), from counters."""
         return {pool: n for pool, n in self.queued_counts.items() if n}

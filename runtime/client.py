@@ -2281,17 +2281,6 @@ class Cluster:
         if self.manager_alerts is not None:
             await system.start_service(self._log_manager_alerts, manager, self.manager_alerts)
 
-    def _process_execution(self) -> bool:
-        """Whether every worker this cluster starts runs its tasks in task processes
-        (execution ``process``: ``memory_options``, or each pool's own)."""
-        default = self.memory_options.get("execution")
-        if not self.pools:
-            return default == "process"
-        return all(
-            (pool.execution or pool.memory_options.get("execution") or default) == "process"
-            for pool in self.pools.values()
-        )
-
     async def _log_manager_alerts(
         self,
         manager: _RemoteManager | ActorRef[Manager],
@@ -2336,15 +2325,18 @@ class Cluster:
                     log.notify(alert)
                 failing: dict[str, str] = {}
                 suspects: dict[str, tuple[str, ...]] = {}
+                contained = False  # (the workers that ran them said their execution)
                 if _no_workers_new(reply.alerts, said):  # a failing scaling policy? a task?
                     status = await self._manager_status(manager, every)
                     if status is not None:
                         failing = _scaling_failing(status.autoscaler)
                         suspects = status.crash_suspects
+                        contained = bool(suspects) and set(suspects) <= set(
+                            status.contained_suspects
+                        )
                 said = _no_workers_news(
-                    reply.alerts, said, where, failing, start, suspects,
-                    contained=not remote and self._process_execution(),
-                )  # fmt: skip
+                    reply.alerts, said, where, failing, start, suspects, contained=contained
+                )
                 first = False
             if isinstance(manager, _RemoteManager):  # (an embedded cluster: not this)
                 await self._look_at_throttling(manager, every)

@@ -1750,6 +1750,9 @@ class StatusReply(Message):
     #: while they may have executed them (what may be killing them), newest first, each
     #: with those workers (``SchedulerState.crash_suspects``; at most 20)
     crash_suspects: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: the keys of ``crash_suspects`` whose workers all ran their tasks in task
+    #: processes (``WorkerInfo.execution``: ``SchedulerState.contained_suspects``)
+    contained_suspects: tuple[str, ...] = ()
     #: the settings a manager process runs with (empty: an embedded cluster)
     config: tuple[ConfigSetting, ...] = ()
 
@@ -1769,7 +1772,7 @@ class StatusReply(Message):
         out["placement_stalls"] = [s.to_fields() for s in self.placement_stalls]
         lists = (
             "draining", "retired", "leaving", "walltime_draining", "spent_draining",
-            "throttled", "warnings",
+            "throttled", "warnings", "contained_suspects",
         )  # fmt: skip
         for name in lists:
             out[name] = list(out[name])

@@ -124,23 +124,35 @@ def test_the_warning_does_not_send_process_workers_to_process_execution() -> Non
     assert "task processes already" in line and "execution 'process'" not in line
 
 
+def _crashed(s: Any, contained: tuple[bool, ...]) -> Any:
+    """Core ``s`` with task "a" run on workers w0, w1, ... in turn, each of which
+    crashed while it ran it, and ran its tasks in task processes as ``contained`` says."""
+    submit(s, {"a": []}, ["a"])
+    for i, process in enumerate(contained):
+        run(s, event(WorkerJoined, worker=f"w{i}", cores=1, memory=GB, contained=process))
+        assert on(s, f"w{i}") == {"a"}
+        leave(s, f"w{i}", cause="crash")
+    return s
+
+
 @pytest.mark.parametrize(
-    ("options", "pools", "contained"),
-    [
-        ({}, None, False),
-        ({"execution": "process"}, None, True),
-        ({"execution": "thread"}, None, False),
-        ({"execution": "process"}, {"a": {}, "b": {"execution": "thread"}}, False),
-        ({}, {"a": {"execution": "process"}, "b": {"execution": "process"}}, True),
-    ],
+    ("contained", "said"), [((True, True), True), ((True, False), False), ((False,) * 2, False)]
 )
-def test_a_cluster_knows_whether_its_workers_run_tasks_in_processes(
-    options: dict[str, str], pools: dict[str, dict[str, str]] | None, contained: bool
+def test_the_status_says_which_suspects_crashed_only_process_workers(
+    make_state: Factory, contained: tuple[bool, ...], said: bool
 ) -> None:
-    extra = {"pools": {n: {"provider": "local", **p} for n, p in pools.items()}} if pools else {}
-    processes = True if pools else None  # (pools of worker processes take execution)
-    cluster = Cluster(memory_options=options, processes=processes, **extra)  # type: ignore[arg-type]
-    assert cluster._process_execution() is contained
+    """The client's hint told "run the workers with execution 'process'" from a guess of
+    its own: its own settings for an embedded cluster, never for a ``Cluster(address)``,
+    whose manager's workers may run task processes already. Now the core says, per
+    suspect, whether every worker it crashed ran its tasks in task processes
+    (``WorkerInfo.execution``), and the status carries it."""
+    s = _crashed(make_state(), contained)
+    assert s.crash_suspects() == {"a": ("w0", "w1")}
+    assert s.contained_suspects() == (("a",) if said else ())
+    status = StatusReply(
+        crash_suspects=s.crash_suspects(), contained_suspects=s.contained_suspects()
+    ).to_dict()
+    assert status["contained_suspects"] == (["a"] if said else [])
 
 
 def test_the_error_does_not_send_process_workers_to_process_execution() -> None:
@@ -181,12 +193,7 @@ def test_the_core_advises_process_execution_unless_every_crashed_worker_ran_it(
     """The core knows each worker's execution (``WorkerInfo.execution``, joined as
     ``WorkerJoined.contained``): its ``TaskCrashedWorkers`` is ``contained`` when every
     worker the task crashed ran its tasks in task processes."""
-    s = make_state()
-    submit(s, {"a": []}, ["a"])
-    for i, process in enumerate(contained):
-        run(s, event(WorkerJoined, worker=f"w{i}", cores=1, memory=GB, contained=process))
-        assert on(s, f"w{i}") == {"a"}
-        leave(s, f"w{i}", cause="crash")
+    s = _crashed(make_state(), contained)
     err = s.tasks["a"].error
     assert isinstance(err, TaskCrashedWorkers) and err.contained is not advised
     assert ("run workers with execution 'process'" in str(err)) is advised
