@@ -772,8 +772,16 @@ class Peer:
         on_too_large: Callable[[Any, FrameTooLarge], bool] | None = None,
         on_stall: Callable[[float], None] | None = None,
         no_pickle: str = "",
+        max_asks: int | None = None,
     ) -> None:
         self.conn = conn
+        #: the other side's asks this side serves at once (None: no bound); at the
+        #: bound this side reads nothing more from the connection until one is answered,
+        #: so a flood of asks waits in the transport's bounded buffers (and, through the
+        #: credits, at its sender), not as tasks here
+        self.max_asks = max_asks
+        self._serving = 0  #: the other side's asks being served now
+        self._slot: anyio.Event | None = None  #: set when one of them ends
         #: why the other side may not send pickles (its token's role), when it may not
         self.no_pickle = no_pickle
         self.heartbeat = heartbeat
@@ -1050,6 +1058,10 @@ class Peer:
                 continue
             if frame.request_id:
                 assert self._tg is not None
+                await self._ask_slot()
+                if self.max_asks is not None and self.conn.closed:
+                    continue  # its buffered asks (reads): nobody to answer them
+                self._serving += 1
                 self._tg.start_soon(self._serve_ask, msg, frame.request_id, frame.causal_id)
             else:
                 try:
@@ -1068,14 +1080,28 @@ class Peer:
                         error=str(exc),
                     )  # fmt: skip
 
+    async def _ask_slot(self) -> None:
+        """Wait, reading nothing, while :attr:`max_asks` asks are being served."""
+        while self.max_asks is not None and self._serving >= self.max_asks:
+            slot = self._slot
+            if slot is None:
+                slot = self._slot = anyio.Event()
+            await slot.wait()
+
     async def _serve_ask(self, msg: Any, rid: int, causal_id: str) -> None:
         assert self.target is not None
         try:
-            value = await self.target.ask(msg, timeout=None, causal_id=causal_id or None)
-            reply = to_wire(value) if value is not None else None
-        except Exception as exc:
-            reply = _error_reply(exc, self.allow_pickle)
-        await self._reply(rid, reply, causal_id)
+            try:
+                value = await self.target.ask(msg, timeout=None, causal_id=causal_id or None)
+                reply = to_wire(value) if value is not None else None
+            except Exception as exc:
+                reply = _error_reply(exc, self.allow_pickle)
+            await self._reply(rid, reply, causal_id)
+        finally:
+            self._serving -= 1
+            slot, self._slot = self._slot, None
+            if slot is not None:
+                slot.set()
 
     async def _reply(self, rid: int, reply: Message | None, causal_id: str) -> None:
         msg = reply if reply is not None else _NONE
