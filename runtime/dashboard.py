@@ -66,6 +66,11 @@ MAX_STREAM = 300  #: tries in the task stream
 MAX_AUDIT = 20  #: latest audit lines of the alert monitor shown
 HISTORY = 120.0  #: seconds of queue depth samples the feed keeps for the page's line
 MAX_DEPTHS = 1000  #: and at most this many samples, whatever the interval
+#: dashboard pages open at once: each holds a connection (a file descriptor) of the
+#: manager for as long as it is open, so a read-token holder opening a thousand ran a
+#: manager under the usual 1024-file limit out of them (``accept``: Too many open
+#: files). Past it a page is refused with 503 until one closes.
+MAX_PAGES = 64
 
 
 def dashboard_url(address: str, token: str) -> str:
@@ -253,8 +258,11 @@ class DashboardFeed:
         *,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.time,
+        max_pages: int = MAX_PAGES,
     ) -> None:
         self.sources = sources
+        self.max_pages = max_pages  #: pages open at once (:data:`MAX_PAGES`)
+        self._opening = 0  #: pages whose websocket handshake is being answered
         self.interval = interval
         self.clock = clock
         self.pages: set[web.WebSocketResponse] = set()
@@ -373,11 +381,21 @@ class DashboardFeed:
             self.pages.discard(page)
             await page.close(message=b"too slow")
 
-    async def serve_page(self, request: web.Request) -> web.WebSocketResponse:
+    async def serve_page(self, request: web.Request) -> web.StreamResponse:
         """One open page: it gets the latest snapshot at once (else the next one), with
         the queue depth of the last HISTORY seconds, then every new snapshot."""
+        if len(self.pages) + self._opening >= self.max_pages:
+            return web.Response(
+                status=503,
+                text=f"{self.max_pages} dashboard pages are open, the most this manager "
+                "serves at once: close one (or use GET /metrics) and reload\n",
+            )
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4096)
-        await ws.prepare(request)
+        self._opening += 1  # counted while its handshake is answered
+        try:
+            await ws.prepare(request)
+        finally:
+            self._opening -= 1
         latest, text = self._latest, self.latest
         if latest is None:
             self._fresh.add(ws)

@@ -33,7 +33,14 @@ from actors.scheduler_records import SchedulerConfig, error_record
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime import Cluster
-from runtime.dashboard import FEED_PATH, PAGE, STORY_PATH, build_snapshot, dashboard_url
+from runtime.dashboard import (
+    FEED_PATH,
+    MAX_PAGES,
+    PAGE,
+    STORY_PATH,
+    build_snapshot,
+    dashboard_url,
+)
 from runtime.files import File, output_path
 from runtime.messages import (
     AlertInfo,
@@ -478,6 +485,49 @@ async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path)
 
 
 CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
+
+@pytest.mark.anyio
+async def test_past_max_pages_a_page_is_refused_until_one_closes(tmp_path: Path) -> None:
+    """Each open page holds a connection (a file) of the manager: a read-token holder
+    opening 1,100 ran a manager under the usual limit of 1024 files out of them (its
+    accept: Too many open files). MAX_PAGES are served; the next is refused with 503
+    saying why; once one closes, a page opens again."""
+    with Cli(tmp_path) as cli, anyio.fail_after(60):
+        manager, address = cli.manager()
+        url = _base(address) + FEED_PATH
+        headers = {"Authorization": f"Bearer {cli.tokens(address)['read']}"}
+        async with _session() as s:
+            pages = [await s.ws_connect(url, headers=headers) for _ in range(MAX_PAGES)]
+            try:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await s.ws_connect(url, headers=headers)
+                assert refused.value.status == 503
+                async with s.get(url, headers={**headers, **UPGRADE}) as r:
+                    assert r.status == 503
+                    assert f"{MAX_PAGES} dashboard pages are open" in await r.text()
+                await pages.pop().close()
+
+                async def opens() -> bool:
+                    try:
+                        pages.append(await s.ws_connect(url, headers=headers))
+                    except aiohttp.WSServerHandshakeError:
+                        return False
+                    return True
+
+                await wait_until(opens, "a page opening once one closed", step=0.05)
+            finally:
+                for ws in pages:
+                    await ws.close()
+        assert manager.poll() is None
+
+
+UPGRADE = {
+    "Upgrade": "websocket",
+    "Connection": "Upgrade",
+    "Sec-WebSocket-Version": "13",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+}
 
 
 # ----------------------------------------------------------------------------- Chromium
