@@ -57,6 +57,7 @@ import math
 import os
 import re
 import shlex
+import stat
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -739,6 +740,35 @@ def batch_script(
     return "\n".join(lines)
 
 
+def private_run_dir(path: Path) -> None:
+    """Make ``path`` (and the directories missing above it) mode 0700, and check that it
+    is this user's directory and that no other user can write in it or in the directory
+    it is in: a block's job sources its env file (the worker token) from it when it
+    starts, perhaps hours after sbatch, so whoever can write there, or rename it away
+    and put a directory of theirs in its place, can run code as this user. Else
+    ``PermissionError`` saying what to do."""
+    missing = [d for d in (path, *path.parents) if not d.exists()]
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+    for d, what in ((path, "the Slurm run directory"), (path.parent, "the directory it is in")):
+        st = os.lstat(d)
+        why = ""
+        if not stat.S_ISDIR(st.st_mode):
+            why = "is not a directory (a symbolic link, say)"
+        elif d == path and st.st_uid != os.geteuid():
+            why = f"belongs to another user (uid {st.st_uid})"
+        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            why = f"lets other users write in it ({stat.filemode(st.st_mode)})"
+        if why:
+            raise PermissionError(
+                f"{what}, {d}, {why}: the batch jobs read the workers' token and the "
+                "commands they run from files there when they start, so another user "
+                f"could run code as you. Run the manager with --run-dir DIR (run_dir=) in a "
+                f"directory only you can write, or make it yours only (chmod go-w {d})"
+            )
+
+
 HOST_PLACEHOLDER = "{host}"
 """In a worker's argument, stands for the address of the node it runs on (e.g.
 ``["--host", "{host}"]``, so that its peers on other nodes reach it)."""
@@ -853,7 +883,7 @@ class SlurmProvider(Provider):
         False) and those blocks end SCALED_IN."""
         if self._tg is not None:
             raise RuntimeError("this SlurmProvider is already running")
-        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_run_dir(self.run_dir)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._refresher)
@@ -1042,7 +1072,11 @@ class SlurmProvider(Provider):
         return job
 
     def _write_env(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A new file (never one that was there, nor through a link): a run dir given
+        # again keeps the last run's files, and only this user may write in it.
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             for k, v in self.env.items():
                 f.write(f"export {k}={shlex.quote(v)}\n")

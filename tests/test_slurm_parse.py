@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -926,3 +927,78 @@ async def test_a_requeue_without_its_preemption_line_is_reported_a_look_later(
                 await provider.wait_refreshed()
             assert block.requeue_cause == "preempted"
             assert block.state is BlockState.PENDING and "last preempted" in block.detail
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("parent_mode", "run_mode", "why"),
+    [
+        (0o777, None, "the directory it is in, {parent}, lets other users write in it"),
+        (0o755, 0o770, "the Slurm run directory, {run}, lets other users write in it"),
+        (0o755, 0o777, "the Slurm run directory, {run}, lets other users write in it"),
+    ],
+)
+async def test_a_run_dir_others_can_write_or_replace_is_refused_before_any_sbatch(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parent_mode: int,
+    run_mode: int | None,
+    why: str,
+) -> None:
+    """A block's job sources the worker token's env file from the run dir when it starts
+    (hours after sbatch, perhaps): another user who can write there, or rename it away
+    in its parent and put a directory of theirs in its place (a group's project dir),
+    could run code as the manager's user. Such a run dir is refused, saying what to do,
+    before anything is submitted."""
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    parent, run = tmp_path / "shared", tmp_path / "shared" / "run"
+    parent.mkdir()
+    parent.chmod(parent_mode)
+    if run_mode is not None:
+        run.mkdir()
+        run.chmod(run_mode)
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=run, env={"CORRAL_TOKEN": "t" * 64})
+    with anyio.fail_after(30), pytest.raises(PermissionError) as refused:
+        async with provider.running():
+            await provider.start_block(BlockSpec())
+    text = str(refused.value)
+    assert text.startswith(why.format(parent=parent, run=run)), text
+    assert "--run-dir DIR" in text and "chmod go-w" in text, text
+    assert not (state / "calls").exists()  # no sbatch
+    assert not run.exists() or not list(run.iterdir())  # no token written
+
+
+@pytest.mark.anyio
+async def test_a_run_dir_is_made_private_and_its_env_file_is_a_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run dir and the directories made above it are 0700 (a sticky parent such as
+    /tmp is fine: nobody else can rename in it); the env file holding the worker token
+    is a new file, mode 0600, never one that was there nor through a symbolic link (a
+    run dir given again keeps its last run's files)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    run = sticky / "corral-slurm" / "run-1" / "default"
+    stolen = tmp_path / "stolen"
+    stolen.write_text("")
+    stolen.chmod(0o666)
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=run, env={"CORRAL_TOKEN": "t" * 64})
+    with anyio.fail_after(30):
+        async with provider.running():
+            for d in (run, run.parent, run.parent.parent):
+                assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+            (run / "block-1.env").symlink_to(stolen)
+            await provider.start_block(BlockSpec())
+    env = run / "block-1.env"
+    assert not env.is_symlink()
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert "CORRAL_TOKEN=" + "t" * 64 in env.read_text()
+    assert stolen.read_text() == ""
