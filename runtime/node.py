@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import gc
@@ -48,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -750,6 +751,44 @@ def _alertmanagers(plane: ControlPlane) -> list[Any]:
     return [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
 
 
+_T = TypeVar("_T")
+
+
+def shared_call(call: Callable[[], Awaitable[_T]]) -> Callable[[], Awaitable[_T]]:
+    """``call`` made once for all who want it at the same time: while one runs, other
+    callers wait for its outcome (its value, or its error) rather than make their own.
+    The manager's metrics are so: a flood of ``GET /metrics`` (any read-token holder,
+    2,000 at once) queued as many MetricsRequests at the manager, whose answers timed
+    out (503) while a client's 21 tasks took 12 s; now it computes one at a time. A
+    call cancelled (its HTTP client left) lets the next waiter make its own."""
+    running: list[tuple[anyio.Event, list[Any]]] = []
+
+    async def shared() -> _T:
+        while running:
+            done, outcome = running[0]
+            await done.wait()
+            if outcome:
+                ok, value = outcome
+                if ok:
+                    return value  # type: ignore[no-any-return]
+                raise copy.copy(value)  # one instance per raise: tracebacks stay apart
+        done, outcome = anyio.Event(), []
+        running.append((done, outcome))
+        try:
+            value = await call()
+        except Exception as exc:
+            outcome += [False, exc]
+            raise
+        else:
+            outcome += [True, value]
+            return value
+        finally:
+            running.clear()
+            done.set()
+
+    return shared
+
+
 @dataclasses.dataclass
 class GatewayRoutes:
     """What a websocket gateway serves besides its connections (:func:`gateway_routes`)."""
@@ -793,6 +832,7 @@ async def gateway_routes(
         ProcessCollector(registry=None),  # process_resident_memory_bytes, ...
     ]
 
+    @shared_call
     async def fetch() -> MetricsReply:
         reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
         assert isinstance(reply, MetricsReply)
@@ -2807,6 +2847,7 @@ def _dashboard_sources(plane: ControlPlane) -> Sources:
         StatusRequest,
     )
 
+    @shared_call  # (a story page asks it too: shared with the feed's)
     async def metrics() -> MetricsReply:
         reply = await plane.manager.ask(MetricsRequest(details=True), timeout=10.0)
         assert isinstance(reply, MetricsReply)

@@ -837,3 +837,68 @@ async def test_policy_errors_are_counted_per_kind_and_policy() -> None:
             assert after[("priority", "graph")] == 0
             slow = await scrape("corral_policy_slow")
             assert set(slow) == set(after) and set(slow.values()) == {0.0}
+
+
+@pytest.mark.anyio
+async def test_concurrent_scrapes_share_one_metrics_call() -> None:
+    """/metrics and the dashboard's metrics go through shared_call: a flood of 2,000
+    scrapes once queued as many MetricsRequests at the manager (503s, a client's 21
+    tasks took 12 s). Callers while one call runs share its value or its error; the
+    next caller after it makes a new one; a call cancelled lets a waiter make its own."""
+    from runtime.node import shared_call
+
+    calls = 0
+    gate = anyio.Event()
+    fail = False
+
+    @shared_call
+    async def fetch() -> int:
+        nonlocal calls
+        calls += 1
+        n = calls
+        await gate.wait()
+        if fail:
+            raise RuntimeError(f"call {n} failed")
+        return n
+
+    got: list[Any] = []
+
+    async def scrape() -> None:
+        try:
+            got.append(await fetch())
+        except RuntimeError as exc:
+            got.append(str(exc))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(scrape)
+            await wait_until(lambda: calls == 1, "the first call")
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert (calls, got) == (1, [1] * 50)
+
+        gate, fail, got = anyio.Event(), True, []
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(scrape)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert (calls, got) == (2, ["call 2 failed"] * 3)
+
+        gate, fail, got = anyio.Event(), False, []
+        first = anyio.CancelScope()
+
+        async def cancelled() -> None:
+            with first:
+                await fetch()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancelled)
+            await wait_until(lambda: calls == 3, "the third call")
+            tg.start_soon(scrape)
+            await anyio.wait_all_tasks_blocked()
+            first.cancel()
+            await wait_until(lambda: calls == 4, "the waiter's own call")
+            gate.set()
+        assert got == [4]
