@@ -258,8 +258,9 @@ CATALOGUES = {
     # RefusedWorker, the manager's own message to its autoscaler: it never crosses
     "8a54cd593de6ce37cb9c0261e76d48f923332e0d99f42372f3405a374286521b": 2,
     # StatusReply.contained_suspects (the suspects whose workers all ran task
-    # processes, for the client's hint): version 2
-    "f13833cfceb41e1499f8370e3bd009560afd770abfad62db0dcc6c4c7c988fd3": 2,
+    # processes, for the client's hint): a client of version 2, released, cannot read
+    # it: version 3
+    "f13833cfceb41e1499f8370e3bd009560afd770abfad62db0dcc6c4c7c988fd3": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
