@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
+import dask
 from dask._expr import Expr
 from dask._task_spec import DataNode, TaskRef
 from dask.base import is_dask_collection, normalize_token, tokenize
@@ -782,6 +783,67 @@ def _to_wire_with_refs(request: SubmitGraphRequest) -> Message:
 
     with futures_as_refs():
         return to_wire(request)
+
+
+# ------------------------------------------------------------------ nested computes
+# dask computes while it optimizes: set_index and sort_values compute their divisions
+# (quantiles of the column), with the scheduler dask's config names, else dask's
+# threads in the calling process. For a collection computed on a cluster those must
+# run there: a persisted collection's chunks are on its workers only (dask's threads
+# fail on its futures, "Missing dependency"), and a large one's quantiles would read
+# the whole data in the client, outside the workers' memory limits. dask's config is
+# the process's, so while such an optimization runs in some thread, dask's config
+# names :func:`_nested_scheduler`, which runs a compute of that thread on its cluster
+# and one of any other thread as that thread would have run it.
+
+_nested = threading.local()  # .get: this thread's cluster scheduler, while optimizing
+_nested_lock = threading.Lock()
+_nested_state: dict[str, Any] = {"users": 0, "before": None}
+
+
+def _nested_scheduler(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """The scheduler in dask's config while a :func:`nested_computes_on` block runs in
+    some thread: that thread's cluster's ``get`` there; elsewhere the scheduler dask's
+    config named before (dask's threads if none)."""
+    get = getattr(_nested, "get", None)
+    if get is None:
+        before = _nested_state["before"]
+        if before is None:
+            import dask.threaded
+
+            get = dask.threaded.get
+        else:
+            from dask.base import get_scheduler
+
+            get = get_scheduler(scheduler=before)
+    return get(dsk, keys, **kwargs)
+
+
+@contextlib.contextmanager
+def nested_computes_on(get: Callable[..., Any]) -> Iterator[None]:
+    """Within it, in this thread, the computes dask makes while it optimizes (a
+    ``set_index``'s divisions) run with ``get``, a synchronous scheduler of the cluster
+    the collection is computed on (``Cluster.get``); other threads' computes meanwhile
+    run as they would have. Blocks in several threads at once are fine: dask's config
+    names :func:`_nested_scheduler` from the first one's start to the last one's end,
+    then what it named before."""
+    previous = getattr(_nested, "get", None)
+    with _nested_lock:
+        if _nested_state["users"] == 0:
+            _nested_state["before"] = dask.config.get("scheduler", None)
+            dask.config.set(scheduler=_nested_scheduler)
+        _nested_state["users"] += 1
+    _nested.get = get
+    try:
+        yield
+    finally:
+        _nested.get = previous
+        with _nested_lock:
+            _nested_state["users"] -= 1
+            if _nested_state["users"] == 0:
+                if dask.config.get("scheduler", None) is _nested_scheduler:
+                    dask.config.set(scheduler=_nested_state["before"])
+                _nested_state["before"] = None
 
 
 def _futures_in(graph: Any) -> list[Future]:
@@ -3134,7 +3196,8 @@ class Cluster:
                 )
 
         def made() -> tuple[Any, list[Key], Callable[[Any], Any], list[Future]]:
-            expr, keys, repack = collections_expr(args)
+            with nested_computes_on(self.get):  # (a set_index's divisions: on the workers)
+                expr, keys, repack = collections_expr(args)
             return expr, keys, repack, _futures_in(expr)
 
         expr, keys, repack, inputs = await anyio.to_thread.run_sync(made)
@@ -3262,7 +3325,8 @@ class Cluster:
             return shape() if shape else ()
 
         def made() -> tuple[Any, list[Any], list[Future]]:
-            expr, keys = persist_expr(items)
+            with nested_computes_on(self.get):
+                expr, keys = persist_expr(items)
             return expr, keys, _futures_in(expr)
 
         expr, keys, found = await anyio.to_thread.run_sync(made)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import gc
 import threading
 from collections import Counter
+from typing import Any
 
 import anyio
+import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -21,6 +23,7 @@ import pandas as pd
 import pytest
 
 from runtime import Cluster
+from runtime.client import nested_computes_on
 from runtime.codec import MAX_FRAME_BYTES
 from runtime.errors import CorralError, DaskOnlyArgument, TaskArgumentsTooLarge
 from tests.helpers import nodes
@@ -128,6 +131,93 @@ async def test_a_persisted_collection_computes_through_a_manager_process_connect
             kept = await cluster.persist(df[df.a > 10])
             assert isinstance(kept, dd.DataFrame)
             assert await cluster.compute(kept.b.sum()) == frame[frame.a > 10].b.sum()
+
+
+def timeseries(seed: int) -> dd.DataFrame:
+    """720 rows in 6 partitions (a seed per test: dask keeps the divisions it computed
+    for a frame, by its name)."""
+    return dask.datasets.timeseries(
+        start="2000-01-01", end="2000-01-01T02:00", freq="10s", partition_freq="20min", seed=seed
+    )
+
+
+async def test_a_persisted_dataframe_sets_its_index_on_the_workers() -> None:
+    """``set_index`` (and ``sort_values``) compute their divisions while dask optimizes,
+    with dask's threads unless told otherwise: on a persisted frame, whose chunks are on
+    the workers only, that was ``ValueError: Missing dependency``. They run on the
+    cluster now, and give what dask's own scheduler gives from the original frame."""
+    ts = timeseries(3)
+    with dask.config.set({"dataframe.shuffle.method": "tasks"}):
+        expected = dask.compute(
+            ts.set_index("x").y.sum(),
+            ts.sort_values("y").y,
+            scheduler="sync",
+        )
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2) as cluster:
+            kept = await cluster.persist(ts)
+            got = await cluster.compute(kept.set_index("x").y.sum(), kept.sort_values("y").y)
+            assert got[0] == pytest.approx(expected[0], rel=1e-12)  # (summed in another order)
+            pd.testing.assert_series_equal(got[1], expected[1])
+            frame = await cluster.compute(kept.set_index("x"))
+            assert frame.index.is_monotonic_increasing and len(frame) == 720
+
+
+async def test_a_dataframes_divisions_are_computed_on_the_workers() -> None:
+    """The quantiles of a ``set_index`` run as the cluster's tasks (a category of its
+    own in ``status()``), as with a dask.distributed client, not in the client's threads
+    outside the workers' memory limits; dask's config is left as it was."""
+    ts = timeseries(4)
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            sums = await cluster.compute(ts.set_index("x").y.sum(), ts.y.sum())
+            assert sums[0] == pytest.approx(sums[1], rel=1e-12)
+            categories = (await cluster.status())["categories"]
+            assert "repartitionquantiles" in categories, list(categories)
+    assert dask.config.get("scheduler", None) is None
+
+
+def test_nested_computes_go_to_their_threads_scheduler_and_config_is_restored() -> None:
+    """Two overlapping blocks in two threads: each thread's compute goes to its own
+    scheduler, a third thread's to the one dask's config named before, and dask's
+    config names it again once both ended (whichever ends first)."""
+    calls: list[str] = []
+
+    def recording(name: str) -> Any:
+        def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return dask.get(dsk, keys)
+
+        return get
+
+    inside = [threading.Event(), threading.Event()]
+    release = [threading.Event(), threading.Event()]
+
+    def block(i: int) -> None:
+        with nested_computes_on(recording(f"cluster-{i}")):
+            assert dask.delayed(int)(i).compute() == i
+            inside[i].set()
+            assert release[i].wait(LIMIT)
+
+    before = recording("before")
+    with dask.config.set(scheduler=before):
+        threads = [threading.Thread(target=block, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for e in inside:
+            assert e.wait(LIMIT)
+        other: list[int] = []
+        elsewhere = threading.Thread(target=lambda: other.append(dask.delayed(int)(7).compute()))
+        elsewhere.start()
+        elsewhere.join(LIMIT)
+        assert other == [7]
+        release[0].set()  # the first to start ends first
+        threads[0].join(LIMIT)
+        assert dask.config.get("scheduler") is not before  # the other block still runs
+        release[1].set()
+        threads[1].join(LIMIT)
+        assert dask.config.get("scheduler") is before
+        assert sorted(calls) == ["before", "cluster-0", "cluster-1"]
 
 
 def add(a: float, b: float) -> float:
