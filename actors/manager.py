@@ -19,7 +19,7 @@ import dataclasses
 import gc
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -50,6 +50,7 @@ from runtime.graph import (
     build_specs,
     check_pool_fit,
     in_pieces,
+    known_size,
     reject_collection,
     unplaced_words,
 )
@@ -390,7 +391,8 @@ class Manager(Actor):
         (:meth:`_in_turn`). A refused graph (``GraphError``...) is refused whole: none of
         it is kept."""
         reject_collection(msg.graph)  # before len(): a 0-d array or Delayed has none
-        size = len(msg.graph) if isinstance(msg.graph, Sized) else THREAD_THRESHOLD
+        size = known_size(msg.graph)  # (None for a dask expression: it may be large)
+        size = THREAD_THRESHOLD if size is None else size
         if size < THREAD_THRESHOLD and self._settled():
             return self._register(msg, self._build(msg))
 

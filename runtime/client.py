@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -102,6 +102,7 @@ from runtime.graph import (
     futures_as_refs,
     futures_pickle_as_refs,
     holds_collection,
+    known_size,
     make_task,
     persist_expr,
     reject_collection,
@@ -769,7 +770,8 @@ async def _for_manager(manager: object, request: SubmitGraphRequest, refs: bool 
     graph = request.graph
     from runtime.remote import to_wire
 
-    small = isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD
+    size = known_size(graph)
+    small = size is not None and size < THREAD_THRESHOLD
     if not refs:
         return request if small else await anyio.to_thread.run_sync(to_wire, request)
     if small:
@@ -3155,7 +3157,7 @@ class Cluster:
                 pool=opts.pool,
                 timeout=opts.timeout,
             )
-            n = len(graph) if isinstance(graph, Sized) else 0  # (a dask expression: not known)
+            n = known_size(graph) or 0  # (a dask expression: not known)
             began = _sending(n)
             reply = await self._manager.ask(
                 await _for_manager(self._manager, request, refs), timeout=None
@@ -3208,7 +3210,8 @@ class Cluster:
         graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more), checked: each
         this cluster's and not released (:class:`~runtime.errors.CorralError` naming
         it), so each stands for a key the cluster holds."""
-        if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
+        size = known_size(graph)
+        if size is not None and size < THREAD_THRESHOLD:
             found = _futures_in(graph)
         else:
             found = await anyio.to_thread.run_sync(_futures_in, graph)

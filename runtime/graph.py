@@ -24,7 +24,7 @@ import math
 import pickle
 import sys
 import types
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping, Sized
 from typing import Any, NamedTuple
 
 import dask
@@ -70,6 +70,7 @@ __all__ = [
     "holds_collection",
     "in_pieces",
     "is_key",
+    "known_size",
     "make_task",
     "node_fingerprint",
     "normalize_graph",
@@ -664,6 +665,17 @@ class _KnownKeys:
             return key in self.graph or self.known(key)
         except TypeError:  # unhashable: a literal, not a key
             return False
+
+
+def known_size(graph: object) -> int | None:
+    """How many tasks ``graph`` has, where that is known without materializing it:
+    ``len`` of a dict or ``HighLevelGraph``; None for a dask expression (the number of
+    its tasks is known once dask made its graph, which may take a while: ``len`` of the
+    ``_ExprSequence`` that ``dask.compute`` hands a scheduler is the number of
+    collections in it) or anything else without a length."""
+    if isinstance(graph, Expr) or not isinstance(graph, Sized):
+        return None
+    return len(graph)
 
 
 def reject_collection(graph: object) -> None:

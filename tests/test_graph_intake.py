@@ -407,6 +407,38 @@ async def test_a_large_graph_is_built_with_the_garbage_collector_paused(
     assert gc.isenabled()
 
 
+@pytest.mark.anyio
+async def test_a_dask_collection_is_materialized_and_built_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A collection reaches the manager as dask's expression, whose tasks are not known
+    until dask makes its graph: the manager builds it in its thread, as a large graph.
+    Before, ``len()`` of the ``_ExprSequence`` that ``dask.compute`` hands a scheduler
+    (the number of collections: 1) made it look small, and a dataframe shuffle of
+    thousands of tasks was materialized and validated on the event loop (seconds with no
+    message handled: ``event loop blocked``)."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    import actors.manager
+
+    threads: list[int] = []
+    build = actors.manager.build_specs
+
+    def noting(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return build(graph, *args, **kwargs)
+
+    monkeypatch.setattr(actors.manager, "build_specs", noting)
+    frame = dd.from_pandas(pd.DataFrame({"a": range(100)}), npartitions=4)
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            assert await cluster.compute(frame.a.sum()) == 4950
+            assert await cluster.compute(frame.a.sum(), frame.a.max()) == (4950, 99)
+    assert len(threads) == 2
+    assert threading.get_ident() not in threads
+
+
 def test_the_garbage_collector_pause_nests_and_keeps_a_disabled_collector_off() -> None:
     """Builds in several threads (several managers in one process) overlap: the last to
     end turns the collector back on; one the program turned off stays off."""
