@@ -109,7 +109,7 @@ from runtime.messages import CORRAL_VERSION, Message, message
 from runtime.task import checkpoint, checkpoint_file, restore, restore_path
 
 if TYPE_CHECKING:
-    from runtime.client import Cluster, Future, get
+    from runtime.client import Cluster, Future, futures_of, get
 
 # This package holds both the base layer (kernel, messages, errors, ...) and the user API
 # (runtime.client) on top of the actors, which import the base. Python runs this file
@@ -118,7 +118,7 @@ if TYPE_CHECKING:
 # stack, through an import cycle runtime -> runtime.client -> actors -> runtime. So the
 # user API is re-exported on first use (PEP 562); the base is re-exported eagerly.
 # docs/architecture.md, "Layers"; tests/test_layers.py checks both.
-_USER_API = {"Cluster", "Future", "get"}
+_USER_API = {"Cluster", "Future", "futures_of", "get"}
 
 
 def __getattr__(name: str) -> Any:
@@ -228,6 +228,7 @@ __all__ = [
     "WorkersTimeout",
     "checkpoint",
     "checkpoint_file",
+    "futures_of",
     "get",
     "handles",
     "message",

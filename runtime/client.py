@@ -41,7 +41,13 @@ import anyio.abc
 import dask
 from dask._expr import Expr
 from dask._task_spec import DataNode, TaskRef
-from dask.base import is_dask_collection, normalize_token, tokenize
+from dask.base import (
+    collections_to_expr,
+    is_dask_collection,
+    normalize_token,
+    tokenize,
+    unpack_collections,
+)
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
@@ -846,6 +852,23 @@ def nested_computes_on(get: Callable[..., Any]) -> Iterator[None]:
                 if dask.config.get("scheduler", None) is _nested_scheduler:
                     dask.config.set(scheduler=_nested_state["before"])
                 _nested_state["before"] = None
+
+
+def futures_of(*collections: Any) -> list[Future]:
+    """The :class:`Future` objects that dask collections hold, each once, as
+    dask.distributed's ``futures_of``: those of a collection :meth:`Cluster.persist`
+    returned, or of one made from it, are its chunks on the cluster, so ``await
+    cluster.gather(futures_of(x))`` waits for them (their values: ``fut.wait()`` for
+    each, not to bring them over). Lists and tuples of collections are looked into;
+    ``TypeError`` for anything else. Nothing is computed nor materialized: the
+    collections' expressions are read as they are."""
+    if not holds_collection(list(collections)):
+        raise TypeError(
+            f"futures_of takes dask collections (futures_of(x), futures_of(x, y)); got "
+            f"{', '.join(type(c).__name__ for c in collections) or 'nothing'}"
+        )
+    found, _ = unpack_collections(*collections, traverse=True)
+    return _futures_in(collections_to_expr(list(found), optimize_graph=False))
 
 
 def _futures_in(graph: Any) -> list[Future]:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runtime import Cluster
+from runtime import Cluster, Future, futures_of
 from runtime.client import nested_computes_on
 from runtime.codec import MAX_FRAME_BYTES
 from runtime.errors import CorralError, DaskOnlyArgument, TaskArgumentsTooLarge
@@ -161,6 +161,27 @@ async def test_a_persisted_dataframe_sets_its_index_on_the_workers() -> None:
             pd.testing.assert_series_equal(got[1], expected[1])
             frame = await cluster.compute(kept.set_index("x"))
             assert frame.index.is_monotonic_increasing and len(frame) == 720
+
+
+async def test_futures_of_gives_a_persisted_collections_chunks_to_wait_for() -> None:
+    """``futures_of``, dask.distributed's: the futures of a persisted dataframe (whose
+    graph holds dask's aliases beside them, so the graph's values, which the docs said
+    to gather, were a ``TypeError``), of a collection made from it and of an array."""
+    ts = timeseries(5)
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2) as cluster:
+            kept = await cluster.persist(ts)
+            futures = futures_of(kept)
+            assert len(futures) == ts.npartitions == 6
+            assert all(isinstance(f, Future) for f in futures)
+            frames = await cluster.gather(futures)
+            assert sum(len(f) for f in frames) == 720
+            assert {f.key for f in futures_of(kept.x + 1, [kept])} == {f.key for f in futures}
+            arr = await cluster.persist(chunks("futures-of"))
+            assert len(futures_of(arr)) == 4
+            assert futures_of(ts) == []  # nothing persisted: no future
+            with pytest.raises(TypeError, match="futures_of takes dask collections"):
+                futures_of(futures)
 
 
 async def test_a_dataframes_divisions_are_computed_on_the_workers() -> None:
