@@ -74,6 +74,7 @@ from runtime.log import get_logger
 __all__ = [
     "HOST_PLACEHOLDER",
     "SQUEUE_FORMAT",
+    "TOO_FEW_GPUS",
     "FailureWindow",
     "Incarnation",
     "JobInfo",
@@ -83,6 +84,7 @@ __all__ = [
     "batch_script",
     "block_state",
     "exit_text",
+    "gpus_asked",
     "head_tail",
     "parse_scontrol_job",
     "parse_seconds",
@@ -704,6 +706,8 @@ def batch_script(
         if options.signal_warning:
             # Signalled this long before it: a stop from then on is the walltime too.
             lines.append(f"export CORRAL_SIGNAL_WARNING={int(options.signal_warning)}")
+    if options.accelerators:
+        lines += _gpu_lines(options.accelerators[:per_node])
     lines += [
         "pids=()",
         "# Preemption, scancel or --signal: pass SIGTERM to the workers (they leave cleanly).",
@@ -716,7 +720,7 @@ def batch_script(
             cmd = " ".join(_shell_arg(a) for a in argv)
             # The node's place-th worker: the place-th accelerator, set before it starts.
             pin = "".join(
-                f"{k}={q(v)} " for k, v in accelerator_env(options.accelerators[place]).items()
+                f"{k}={v} " for k, v in accelerator_env(f'"${{{GPU_ARRAY}[{place}]}}"').items()
             ) if options.accelerators else ""  # fmt: skip
             lines.append(
                 f"    {pin}CORRAL_WORKER_ID={q(wid)} CORRAL_BLOCK_ID={q(block_id)} {cmd} &"
@@ -767,6 +771,82 @@ def private_run_dir(path: Path) -> None:
                 f"could run code as you. Run the manager with --run-dir DIR (run_dir=) in a "
                 f"directory only you can write, or make it yours only (chmod go-w {d})"
             )
+
+
+#: the script's array of the node's workers' devices, in order (``_gpu_lines``)
+GPU_ARRAY = "corral_gpus"
+#: what a block's stderr says when Slurm gave its job fewer GPUs than its node's workers
+TOO_FEW_GPUS = "corral: too few GPUs"
+
+
+def _gpu_lines(ids: Sequence[str]) -> list[str]:
+    """The script lines that fill :data:`GPU_ARRAY` with the devices of a node's workers
+    (``ids``: the pool's ``accelerators``, one per worker of the node, in order). A
+    numeric id N is the job's N-th GPU on the node as Slurm lists them in the job's
+    ``CUDA_VISIBLE_DEVICES`` (else ``ROCR_VISIBLE_DEVICES``): the GPUs themselves where
+    Slurm does not confine a job to its GPUs (``ConstrainDevices``), so that two blocks
+    sharing a node never share a GPU; ``0`` to ``N-1`` where it does, the same GPUs.
+    A job Slurm gave no GPU (no ``SLURM_JOB_GPUS`` nor ``SLURM_STEP_GPUS``), and an id
+    that is not a number (a MIG or GPU UUID), take the id as written. An id past the
+    job's GPUs on the node ends the block before any worker starts, saying so."""
+    q = shlex.quote
+    return [
+        "# accelerators: worker i of this node is pinned to the i-th id; a numeric id N is",
+        "# the N-th GPU Slurm gave this job here (its CUDA_VISIBLE_DEVICES), so that the",
+        "# workers of two blocks sharing a node never share a GPU.",
+        f"{GPU_ARRAY}=({' '.join(q(i) for i in ids)})",
+        "corral_job_gpus=${CUDA_VISIBLE_DEVICES:-${ROCR_VISIBLE_DEVICES:-}}",
+        'if [ -n "${SLURM_JOB_GPUS:-}${SLURM_STEP_GPUS:-}" ] && [ -n "$corral_job_gpus" ]; then',
+        '    IFS=, read -r -a corral_given <<<"$corral_job_gpus"',
+        f'    for i in "${{!{GPU_ARRAY}[@]}}"; do',
+        f"        id=${{{GPU_ARRAY}[$i]}}",
+        '        case "$id" in *[!0-9]*) continue ;; esac  # a MIG or GPU UUID: as written',
+        '        if [ "$id" -ge "${#corral_given[@]}" ]; then',
+        f"            echo \"{TOO_FEW_GPUS}: worker $i of this node is pinned to the job's GPU"
+        " $id (its accelerators, counted from 0), but Slurm gave this job"
+        " ${#corral_given[@]} GPU(s) here (CUDA_VISIBLE_DEVICES=$corral_job_gpus): ask for"
+        " $((id + 1)) a node (#SBATCH --gres=gpu:$((id + 1)) in the pool's"
+        ' scheduler_options) or run fewer workers per node; no worker started" >&2',
+        "            exit 1",
+        "        fi",
+        f"        {GPU_ARRAY}[$i]=${{corral_given[$id]}}",
+        "    done",
+        '    echo "corral: Slurm gave this job the GPUs $corral_job_gpus here; workers pinned'
+        f' to ${{{GPU_ARRAY}[*]}}" >&2',
+        "fi",
+    ]
+
+
+_GPU_OPTION = re.compile(
+    r"(?<!\S)(?:--(?P<name>gres|gpus-per-node|gpus-per-task|gpus)|-G)(?:=|\s+)?(?P<value>\S+)"
+)
+
+
+def gpus_asked(scheduler_options: str, nodes: int = 1) -> int | None:
+    """The GPUs a node of a block with these ``scheduler_options`` asks Slurm for:
+    ``--gres=gpu:N`` (or ``gpu:TYPE:N``, ``gpu`` alone: 1), ``--gpus-per-node=N``,
+    ``--gpus-per-task=N`` (a block runs one task per node), ``--gpus=N`` or ``-G N``
+    (the job's, over its ``nodes``). None: no ``#SBATCH`` line asks for GPUs; 0: one
+    does, in a form whose count is not read here."""
+    asked: int | None = None
+    for line in scheduler_options.splitlines():
+        line = line.strip()
+        if not _DIRECTIVE.match(line):
+            continue
+        for m in _GPU_OPTION.finditer(line[len("#SBATCH") :]):
+            name, value = m.group("name") or "gpus", m.group("value")
+            if name == "gres":
+                items = [i for i in value.split(",") if i.split(":")[0] == "gpu"]
+                if not items:
+                    continue
+                count = items[0].split(":")[-1] if ":" in items[0] else "1"
+            else:
+                count = value.split(":")[-1]
+            n = int(count) if count.isdigit() else 0
+            if name == "gpus" and n:
+                n = n // max(nodes, 1)
+            asked = n
+    return asked
 
 
 HOST_PLACEHOLDER = "{host}"

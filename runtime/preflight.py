@@ -36,6 +36,10 @@ The checks:
 - ``memory limit``: a WARN for each pool that sets ``memory_per_worker`` with thread
   execution (the default), where the limit is not enforced on a task (only
   ``execution = "process"`` kills a task past it).
+- ``gpus``: each Slurm pool with ``accelerators`` asks Slurm for GPUs (``--gres=gpu:N``
+  or ``--gpus...`` in its ``scheduler_options``: a WARN when not), at least as many a
+  node as its workers there are pinned to (a FAIL when fewer: each block would end
+  before its workers start).
 - ``policies``: the ``[policies]`` table, loaded as the manager loads it
   (:func:`actors.pools.load_policies`: each policy made once, with its parameters); a
   name that is not built in cannot be checked without the ``--policy-module`` that
@@ -83,11 +87,13 @@ from actors.providers import BlockSpec
 from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
     SQUEUE_FORMAT,
+    TOO_FEW_GPUS,
     WORKER_INIT_FAILED,
     SlurmOptions,
     batch_script,
     block_state,
     exit_text,
+    gpus_asked,
     head_tail,
     parse_scontrol_job,
     parse_squeue,
@@ -122,6 +128,7 @@ __all__ = [
     "check_batch_system",
     "check_directories",
     "check_drain",
+    "check_gpus",
     "check_local",
     "check_memory_limit",
     "check_partition",
@@ -548,6 +555,53 @@ def check_memory_limit(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
             "task that grew past it (TaskOutOfMemory), or keep threads if a warning is "
             "enough (they cost no copy of inputs and outputs).",
         ))  # fmt: skip
+    return results
+
+
+def check_gpus(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
+    """Each Slurm pool with ``accelerators`` against the GPUs its ``scheduler_options``
+    ask for a node (:func:`actors.slurm.gpus_asked`). FAIL: fewer than its workers there
+    are pinned to (a numeric id N needs N+1: each block would end before its workers
+    start, ``corral: too few GPUs``); WARN: no line asks for GPUs (the workers are pinned
+    to GPUs the job may not have); PASS otherwise, saying how many."""
+    results = []
+    for pool in pools.values():
+        if pool.provider != "slurm" or not pool.accelerators:
+            continue
+        per_node = pool.workers_per_node
+        ids = pool.accelerators[:per_node]
+        asked = gpus_asked(pool.scheduler_options, pool.nodes_per_block)
+        numeric = [int(i) for i in ids if i.isdigit()]
+        needed = max(numeric) + 1 if numeric else per_node
+        line = f"#SBATCH --gres=gpu:{needed}"
+        if asked is None:
+            results.append(CheckResult(
+                pool.name, "gpus", WARN,
+                f"accelerators pins each of its {per_node} worker(s) a node to a GPU "
+                f"({', '.join(ids)}), but its scheduler_options ask Slurm for no GPU (no "
+                "--gres=gpu or --gpus line): its jobs get the partition's default, often "
+                "none, and the workers are pinned to GPUs their job was not given",
+                f"Add scheduler_options = \"{line}\" to [pools.{pool.name}] "
+                "(docs/deployment.md#gpus), unless the partition gives every job its GPUs.",
+            ))  # fmt: skip
+        elif asked and numeric and asked < needed:
+            results.append(CheckResult(
+                pool.name, "gpus", FAIL,
+                f"its scheduler_options ask Slurm for {asked} GPU(s) a node, but its "
+                f"workers_per_node = {per_node} workers there are each pinned to one of "
+                f"the job's GPUs ({', '.join(ids)}: {needed} needed): every block would "
+                f"end before its workers start ({TOO_FEW_GPUS})",
+                f"Ask for {needed} a node ({line} in scheduler_options), or set "
+                f"workers_per_node = {asked} and accelerators = {asked} in "
+                f"[pools.{pool.name}].",
+            ))  # fmt: skip
+        else:
+            results.append(CheckResult(
+                pool.name, "gpus", PASS,
+                f"{per_node} worker(s) a node, each pinned to one of the "
+                + (f"{asked} GPU(s) a node its job asks for" if asked else "GPUs its job asks for")
+                + f" ({', '.join(ids)})",
+            ))  # fmt: skip
     return results
 
 
@@ -1429,6 +1483,7 @@ def run_checks(
     results += check_drain(pools)
     results += check_any_pool(pools)
     results += check_memory_limit(pools)
+    results += check_gpus(pools)
     for pool in pools.values():
         if pool.provider == "local":
             if probe:

@@ -20,10 +20,11 @@ import pytest
 from actors.pools import pools_from_dicts
 from actors.processes import LocalProcessProvider
 from actors.providers import ACCELERATOR_VARIABLES, BlockSpec, BlockState
-from actors.slurm import SlurmProvider
+from actors.slurm import TOO_FEW_GPUS, SlurmProvider
 from runtime import Cluster
 from runtime.cli_processes import Cli
 from runtime.errors import PoolConfigError
+from runtime.preflight import FAIL, PASS, WARN, check_gpus
 from tests.helpers import ROOT, free_port_between, wait_until
 
 LIMIT = 60
@@ -99,23 +100,47 @@ def test_in_process_workers_take_no_accelerators() -> None:
 # ----------------------------------------------------------------------------- Slurm
 
 
+#: a worker stand-in: prints its id and its accelerator variables, one write a line (the
+#: workers of a node print at once)
+SHOW = (
+    "import os; os.write(1, ' '.join([os.environ['CORRAL_WORKER_ID'], "
+    f"*(os.environ[k] for k in {ACCELERATOR_VARIABLES!r})]).encode() + b'\\n')"
+)
+
+
+def run_block_script(
+    tmp_path: Path, pool: dict[str, Any], node: int = 0, **slurm_env: str
+) -> subprocess.CompletedProcess[str]:
+    """Pool ``pool``'s block script, run by bash on this machine as Slurm's node ``node``
+    would run it (``--node`` past the batch shell's srun), in an environment without the
+    accelerator variables but ``slurm_env``: what Slurm sets in a job (its GPUs)."""
+    config = pools_from_dicts({"gpu": {"provider": "slurm", **pool}})["gpu"]
+    argv = [sys.executable, "-c", SHOW]
+    provider = SlurmProvider(lambda b, i: argv, config.slurm_options(), run_dir=tmp_path)
+    _, script = provider.block_script(1, config.block_spec())
+    path = tmp_path / "block-1.sh"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ACCELERATOR_VARIABLES}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_NODEID=str(node), **slurm_env)
+    return subprocess.run(
+        ["bash", str(path), "--node"], capture_output=True, text=True, timeout=LIMIT, env=env
+    )
+
+
+def started(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What each worker the script started saw, sorted: ``wid device device device``."""
+    assert done.returncode == 0, done.stderr
+    return sorted(done.stdout.split("\n")[:-1])
+
+
 def test_each_worker_of_a_slurm_node_is_pinned_to_its_own_device(tmp_path: Path) -> None:
     """Two nodes of three workers: on each node, worker i has device i."""
-    pool = pools_from_dicts({"gpu": {
-        "provider": "slurm", "nodes_per_block": 2, "workers_per_node": 3,
-        "accelerators": ["0", "1", "2", "3"],
-    }})["gpu"]  # fmt: skip
-    provider = SlurmProvider(
-        lambda b, i: ["worker", str(i)], pool.slurm_options(), run_dir=tmp_path
-    )
-    wids, script = provider.block_script(1, pool.block_spec())
-    assert len(wids) == 6
-    starts = [ln.strip() for ln in script.splitlines() if "CORRAL_WORKER_ID=" in ln]
-    for i, line in enumerate(starts):
-        device = str(i % 3)
-        pin = " ".join(f"{k}={device}" for k in ACCELERATOR_VARIABLES)
-        assert line.startswith(pin + " ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 CORRAL_WORKER_ID="), line
-        assert line.endswith(f"worker {i} &"), line
+    pool = {"nodes_per_block": 2, "workers_per_node": 3, "accelerators": ["0", "1", "2", "3"]}
+    for node in (0, 1):
+        assert started(run_block_script(tmp_path, pool, node)) == [
+            f"slurm-1.{3 * node + i} {i} {i} {i}" for i in range(3)
+        ]
     # without the key, no worker is pinned
     plain = pools_from_dicts({"cpu": {"provider": "slurm", "workers_per_node": 2}})["cpu"]
     _, text = SlurmProvider(
@@ -127,27 +152,65 @@ def test_each_worker_of_a_slurm_node_is_pinned_to_its_own_device(tmp_path: Path)
 def test_the_slurm_script_run_by_bash_starts_each_worker_with_its_device(tmp_path: Path) -> None:
     """The generated script itself, run by bash on this machine as Slurm's node 0 would
     run it: each worker (here a program printing its variables) sees its own device."""
-    pool = pools_from_dicts({"gpu": {
-        "provider": "slurm", "workers_per_node": 2, "accelerators": ["GPU-a", "GPU-b"],
-    }})["gpu"]  # fmt: skip
-    show = (  # one write a line: the two workers print at once
-        "import os; os.write(1, ' '.join([os.environ['CORRAL_WORKER_ID'], "
-        "*(os.environ[k] for k in %r)]).encode() + b'\\n')"
-    )
-    argv = [sys.executable, "-c", show % (ACCELERATOR_VARIABLES,)]
-    provider = SlurmProvider(lambda b, i: argv, pool.slurm_options(), run_dir=tmp_path)
-    _, script = provider.block_script(1, pool.block_spec())
-    path = tmp_path / "block-1.sh"
-    path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if k not in ACCELERATOR_VARIABLES}
-    done = subprocess.run(
-        ["bash", str(path)], capture_output=True, text=True, timeout=LIMIT, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split("\n")[:-1]) == [
+    pool = {"workers_per_node": 2, "accelerators": ["GPU-a", "GPU-b"]}
+    assert started(run_block_script(tmp_path, pool)) == [
         "slurm-1.0 GPU-a GPU-a GPU-a",
         "slurm-1.1 GPU-b GPU-b GPU-b",
     ]
+
+
+@pytest.mark.parametrize(
+    ("job_gpus", "pinned"),
+    [
+        # Slurm does not confine the job to its GPUs: they are the node's GPUs 2 and 3,
+        # taken by no other job, not 0 and 1 (a user audit: two blocks on a node both
+        # pinned their workers to GPUs 0 and 1)
+        ("2,3", ["2", "3"]),
+        # ConstrainDevices=yes: the job's GPUs are numbered from 0
+        ("0,1", ["0", "1"]),
+        # more than the workers: the first ones
+        ("1,4,6", ["1", "4"]),
+    ],
+)
+def test_a_slurm_workers_numeric_device_is_the_jobs_gpu_of_that_number(
+    tmp_path: Path, job_gpus: str, pinned: list[str]
+) -> None:
+    pool = {"workers_per_node": 2, "accelerators": 2}
+    done = run_block_script(tmp_path, pool, SLURM_JOB_GPUS=job_gpus, CUDA_VISIBLE_DEVICES=job_gpus)
+    assert started(done) == [f"slurm-1.{i} {d} {d} {d}" for i, d in enumerate(pinned)]
+    said = f"corral: Slurm gave this job the GPUs {job_gpus} here; workers pinned to "
+    assert said + " ".join(pinned) in done.stderr
+    # a step's (srun, a block of several nodes) are SLURM_STEP_GPUS; AMD's: ROCR_...
+    done = run_block_script(tmp_path, pool, SLURM_STEP_GPUS=job_gpus, ROCR_VISIBLE_DEVICES=job_gpus)
+    assert started(done) == [f"slurm-1.{i} {d} {d} {d}" for i, d in enumerate(pinned)]
+
+
+def test_device_uuids_and_a_job_without_slurms_gpus_take_the_ids_as_written(
+    tmp_path: Path,
+) -> None:
+    uuids = {"workers_per_node": 2, "accelerators": ["MIG-a", "MIG-b"]}
+    done = run_block_script(tmp_path, uuids, SLURM_JOB_GPUS="0", CUDA_VISIBLE_DEVICES="0")
+    assert started(done) == ["slurm-1.0 MIG-a MIG-a MIG-a", "slurm-1.1 MIG-b MIG-b MIG-b"]
+    # a CUDA_VISIBLE_DEVICES not of Slurm's (no SLURM_JOB_GPUS): not the job's GPUs
+    done = run_block_script(
+        tmp_path, {"workers_per_node": 2, "accelerators": 2}, CUDA_VISIBLE_DEVICES="5,6"
+    )
+    assert started(done) == ["slurm-1.0 0 0 0", "slurm-1.1 1 1 1"]
+
+
+def test_a_slurm_job_given_too_few_gpus_starts_no_worker_and_says_what_to_ask(
+    tmp_path: Path,
+) -> None:
+    pool = {"workers_per_node": 3, "accelerators": 3}
+    done = run_block_script(tmp_path, pool, SLURM_JOB_GPUS="2,3", CUDA_VISIBLE_DEVICES="2,3")
+    assert done.returncode == 1
+    assert done.stdout == ""  # no worker started
+    assert (
+        f"{TOO_FEW_GPUS}: worker 2 of this node is pinned to the job's GPU 2 (its "
+        "accelerators, counted from 0), but Slurm gave this job 2 GPU(s) here "
+        "(CUDA_VISIBLE_DEVICES=2,3): ask for 3 a node (#SBATCH --gres=gpu:3 in the pool's "
+        "scheduler_options) or run fewer workers per node; no worker started"
+    ) in done.stderr
 
 
 # ----------------------------------------------------------------------------- local
@@ -291,15 +354,50 @@ def test_a_blank_accelerator_flag_is_refused(device: str) -> None:
 
 def test_the_gpu_pool_of_deployment_md_pins_its_four_workers(tmp_path: Path) -> None:
     """docs/deployment.md#gpus: its pool reads as written, asks Slurm for the GPUs
-    (``--gres``) and gives worker i of its node GPU i."""
+    (``--gres``) and gives worker i of its node the job's GPU i."""
     import tomllib
 
     text = (ROOT / "docs" / "deployment.md").read_text().split("\n### GPUs\n", 1)[1]
-    pool = pools_from_dicts(tomllib.loads(text.split("```toml\n")[1].split("```")[0])["pools"])
-    gpu = pool["gpu"]
+    raw = tomllib.loads(text.split("```toml\n")[1].split("```")[0])["pools"]["gpu"]
+    gpu = pools_from_dicts({"gpu": raw})["gpu"]
     _, script = SlurmProvider(
         lambda b, i: ["worker"], gpu.slurm_options(), run_dir=tmp_path
     ).block_script(1, gpu.block_spec())
     assert "\n#SBATCH --gres=gpu:4\n" in script
-    for i in range(4):
-        assert f"CUDA_VISIBLE_DEVICES={i} " in script
+    # what its workers see in a job Slurm gave the node's GPUs 4 to 7
+    done = run_block_script(tmp_path, raw, SLURM_JOB_GPUS="4-7", CUDA_VISIBLE_DEVICES="4,5,6,7")
+    assert started(done) == [f"slurm-1.{i} {i + 4} {i + 4} {i + 4}" for i in range(4)]
+
+
+# ----------------------------------------------------------------------------- check
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "says"),
+    [
+        ("#SBATCH --gres=gpu:4", PASS, "4 worker(s) a node, each pinned to one of the 4 GPU(s)"),
+        ("#SBATCH --gpus-per-node=a100:4", PASS, "one of the 4 GPU(s) a node its job asks for"),
+        (
+            "#SBATCH --gres=gpu:2",
+            FAIL,
+            "ask Slurm for 2 GPU(s) a node, but its workers_per_node = 4 workers there are "
+            "each pinned to one of the job's GPUs (0, 1, 2, 3: 4 needed): every block would "
+            "end before its workers start (corral: too few GPUs)",
+        ),
+        ("", WARN, "ask Slurm for no GPU (no --gres=gpu or --gpus line)"),
+        ("#SBATCH --constraint=a100", WARN, "ask Slurm for no GPU"),
+    ],
+)
+def test_check_says_whether_a_slurm_gpu_pool_asks_for_the_gpus_its_workers_take(
+    options: str, status: str, says: str
+) -> None:
+    pool = {"provider": "slurm", "workers_per_node": 4, "accelerators": 4}
+    (row,) = check_gpus(pools_from_dicts({"gpu": {**pool, "scheduler_options": options}}))
+    assert (row.pool, row.check, row.status) == ("gpu", "gpus", status)
+    assert says in row.detail, row.detail
+    if status != PASS:
+        assert "#SBATCH --gres=gpu:4" in row.advice, row.advice
+    # pools without accelerators, or local ones, are not checked
+    assert (
+        check_gpus(pools_from_dicts({"cpu": {"provider": "slurm"}, "l": {"accelerators": 1}})) == []
+    )

@@ -21,6 +21,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import pytest
@@ -78,17 +79,22 @@ def _unavailable() -> tuple[str | None, str]:
     return conf, ""
 
 
+def not_here(message: str) -> NoReturn:
+    """A test cluster lacks what a test needs: skip, saying ``message``; under
+    ``CI=true`` fail instead (CI starts the cluster, so it must never skip them)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " CI must run these tests, not skip them.")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def slurm_conf() -> Iterator[str]:
     conf, why = _unavailable()
     if conf is None:
-        message = (
+        not_here(
             f"Slurm is not available here ({why}). Run `.ci/slurm up` (as root: it installs "
             "and starts a one-node cluster) and export the SLURM_CONF it prints."
         )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " CI must run these tests, not skip them.")
-        pytest.skip(message)
     yield conf
 
 
@@ -377,10 +383,7 @@ async def test_slurmctld_down_is_a_clear_error_and_the_provider_recovers(
     cluster_dir = Path(slurm_conf).parent
     script = ROOT / ".ci" / "slurm"
     if not (cluster_dir / "slurmctld.pid").exists():
-        message = f"{slurm_conf} was not started by .ci/slurm: cannot stop its slurmctld"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        not_here(f"{slurm_conf} was not started by .ci/slurm: cannot stop its slurmctld.")
 
     def ctld(action: str) -> None:
         subprocess.run([str(script), action, str(cluster_dir)], check=True, timeout=60)
