@@ -805,7 +805,7 @@ def _gpu_lines(ids: Sequence[str]) -> list[str]:
         f"            echo \"{TOO_FEW_GPUS}: worker $i of this node is pinned to the job's GPU"
         " $id (its accelerators, counted from 0), but Slurm gave this job"
         " ${#corral_given[@]} GPU(s) here (CUDA_VISIBLE_DEVICES=$corral_job_gpus): ask for"
-        " $((id + 1)) a node (#SBATCH --gres=gpu:$((id + 1)) in the pool's"
+        " $((id + 1)) GPUs a node (#SBATCH --gres=gpu:$((id + 1)) in the pool's"
         ' scheduler_options) or run fewer workers per node; no worker started" >&2',
         "            exit 1",
         "        fi",

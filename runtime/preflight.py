@@ -591,7 +591,7 @@ def check_gpus(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
                 f"workers_per_node = {per_node} workers there are each pinned to one of "
                 f"the job's GPUs ({', '.join(ids)}: {needed} needed): every block would "
                 f"end before its workers start ({TOO_FEW_GPUS})",
-                f"Ask for {needed} a node ({line} in scheduler_options), or set "
+                f"Ask for {needed} GPUs a node ({line} in scheduler_options), or set "
                 f"workers_per_node = {asked} and accelerators = {asked} in "
                 f"[pools.{pool.name}].",
             ))  # fmt: skip

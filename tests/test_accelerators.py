@@ -208,7 +208,7 @@ def test_a_slurm_job_given_too_few_gpus_starts_no_worker_and_says_what_to_ask(
     assert (
         f"{TOO_FEW_GPUS}: worker 2 of this node is pinned to the job's GPU 2 (its "
         "accelerators, counted from 0), but Slurm gave this job 2 GPU(s) here "
-        "(CUDA_VISIBLE_DEVICES=2,3): ask for 3 a node (#SBATCH --gres=gpu:3 in the pool's "
+        "(CUDA_VISIBLE_DEVICES=2,3): ask for 3 GPUs a node (#SBATCH --gres=gpu:3 in the pool's "
         "scheduler_options) or run fewer workers per node; no worker started"
     ) in done.stderr
 
