@@ -86,6 +86,7 @@ __all__ = [
     "exit_text",
     "gpus_asked",
     "head_tail",
+    "own_lines_advice",
     "parse_scontrol_job",
     "parse_seconds",
     "parse_squeue",
@@ -817,6 +818,21 @@ def _gpu_lines(ids: Sequence[str]) -> list[str]:
     ]
 
 
+def own_lines_advice(scheduler_options: str) -> str:
+    """What to check of a refused job's own ``#SBATCH`` lines (``scheduler_options``):
+    ", and the pool's scheduler_options (LINES: features and GRES the nodes have:
+    `sinfo -o '%P %f %G'`)", or "" without any."""
+    lines = " ".join(
+        ln.strip() for ln in scheduler_options.splitlines() if _DIRECTIVE.match(ln.strip())
+    )
+    if not lines:
+        return ""
+    return (
+        f", and the pool's scheduler_options ({lines}: features and GRES the nodes have: "
+        "`sinfo -o '%P %f %G'`)"
+    )
+
+
 _GPU_OPTION = re.compile(
     r"(?<!\S)(?:--(?P<name>gres|gpus-per-node|gpus-per-task|gpus)|-G)(?:=|\s+)?(?P<value>\S+)"
 )
@@ -1220,7 +1236,8 @@ class SlurmProvider(Provider):
         f = self.failures
         return (
             "Check that the partition, account and QOS of the pool exist and accept this "
-            "job (`sbatch --test-only`); the pool's blocks are requested again after a "
+            f"job{own_lines_advice(self.options.scheduler_options)} (`sbatch --test-only`); "
+            "the pool's blocks are requested again after a "
             f"back-off, until {f.max_failures} refusals among its last {f.window} "
             "submissions stop them until an operator resumes the pool (`resume POOL` in "
             "the console)."

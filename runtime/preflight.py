@@ -95,6 +95,7 @@ from actors.slurm import (
     exit_text,
     gpus_asked,
     head_tail,
+    own_lines_advice,
     parse_scontrol_job,
     parse_squeue,
 )
@@ -983,20 +984,11 @@ def check_test_only(
     if accepted:
         return CheckResult(pool.name, "test-only", PASS, f"a block is accepted{asked}: {said}")
     # the pool's own #SBATCH lines are asked too: a constraint, a GRES, a reservation
-    extra = " ".join(
-        ln.strip() for ln in pool.scheduler_options.splitlines() if ln.strip().startswith("#SBATCH")
-    )
     return CheckResult(
         pool.name, "test-only", FAIL, f"Slurm refuses a block{asked}: {said}",
         "Fix what Slurm names: the account and QOS you may use (`sacctmgr show assoc "
         "user=$USER`), the partition's limits (`scontrol show partition`), the block's "
-        "size, memory and walltime"
-        + (
-            f", and the pool's scheduler_options ({extra}: features and GRES the nodes have: "
-            "`sinfo -o '%P %f %G'`)."
-            if extra
-            else "."
-        ),
+        f"size, memory and walltime{own_lines_advice(pool.scheduler_options)}.",
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from actors.providers import ACCELERATOR_VARIABLES, BlockSpec, BlockState
 from actors.slurm import TOO_FEW_GPUS, SlurmOptions
 from runtime import Cluster
 from runtime.cli_processes import Cli
+from runtime.errors import BatchSystemError
 from runtime.preflight import FAIL, PASS
 from tests.test_preflight import slurm_check
 from tests.test_slurm import (  # noqa: F401  (fixtures: skip, or fail under CI; the lock)
@@ -166,3 +167,23 @@ scheduler_options = "#SBATCH --gres=gpu:1"
     assert got[("big", "gpus")]["status"] == PASS  # it asks for what its workers take
     few = got[("few", "gpus")]
     assert few["status"] == FAIL and TOO_FEW_GPUS in few["detail"], few
+
+
+async def test_a_block_asking_for_more_gpus_than_the_node_has_is_refused_naming_its_line(
+    cli: Cli,  # noqa: F811
+    slurm_conf: str,  # noqa: F811
+    node_gpus: int,
+    tmp_path: Path,
+) -> None:
+    """sbatch refuses the job at once; the error's advice names the pool's own #SBATCH
+    line and how to see the GRES the nodes have (it named only the partition, account
+    and QOS)."""
+    line = f"#SBATCH --gres=gpu:{node_gpus * 2}"
+    options = SlurmOptions(partition="ckpt", scheduler_options=line)
+    with anyio.fail_after(LIMIT):
+        async with provider_for(cli, slurm_conf, tmp_path / "run", options) as (provider, _):
+            with pytest.raises(BatchSystemError) as refused:
+                await provider.start_block(BlockSpec())
+    assert "Requested node configuration is not available" in refused.value.stderr
+    assert f"scheduler_options ({line}: features and GRES the nodes have: " in str(refused.value)
+    assert "`sinfo -o '%P %f %G'`" in str(refused.value)
