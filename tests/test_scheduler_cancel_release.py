@@ -11,9 +11,12 @@ validates after each step. Graphs come from :func:`tests.helpers.graph`, a
 
 from __future__ import annotations
 
+import collections
+
 from actors.protocol import FileFact
 from actors.scheduler_events import (
     CancelOnWorker,
+    CancelRequested,
     CancelSpared,
     DropData,
     Execute,
@@ -26,7 +29,10 @@ from actors.scheduler_events import (
     KeyTaken,
     TasksFinished,
     WorkerJoined,
+    WorkerLeft,
 )
+from actors.scheduler_state import MAX_CLIENT_TURNS, MAX_LIVES, RECENT_TRIES
+from actors.storage_state import DEPARTED_KEPT
 from policies import REGISTRY
 from runtime.errors import (
     CancelledError,
@@ -34,7 +40,7 @@ from runtime.errors import (
     MissingKeysError,
     WorkerLost,
 )
-from runtime.graph import build_specs
+from runtime.graph import Key, build_specs
 from tests.helpers import (
     GB,
     Factory,
@@ -539,3 +545,97 @@ def test_a_resubmitted_key_gets_a_fresh_budget_for_worker_losses(make_state: Fac
     # One loss of the new run is within max_lost=1 and retried for free.
     assert of(cmds, KeyErred) == []
     assert s.tasks["a"].state == "queued"
+
+
+# ------------------------------------------------------------------ nothing left behind
+
+#: the core's histories that keep the latest of what they saw, each to its bound
+#: (docs/deployment.md, "A manager shared for days"): the rest must not grow
+_BOUNDED = {
+    "story_log": "story_length",
+    "recent_tries": "RECENT_TRIES",
+    "lives[default]": "MAX_LIVES",
+    "storage._departed": "DEPARTED_KEPT",
+    "turns": "MAX_CLIENT_TURNS",
+}
+
+
+def _sizes(obj: object, prefix: str = "", depth: int = 0) -> dict[str, int]:
+    """The length of every dict, list, set and deque in ``obj``'s attributes, and in
+    those of the Corral objects among them (three levels down), by path."""
+    out: dict[str, int] = {}
+    names = getattr(obj, "__dict__", None) or {
+        n: getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)
+    }
+    for name, value in names.items():
+        if isinstance(value, (dict, list, set, collections.deque)):
+            out[prefix + name] = len(value)
+            if isinstance(value, dict):  # per pool, per kind: a few
+                for k, v in value.items():
+                    if isinstance(v, (dict, list, set, collections.deque)):
+                        out[f"{prefix}{name}[{k}]"] = len(v)
+        elif depth < 3 and type(value).__module__.split(".")[0] in ("actors", "policies"):
+            out.update(_sizes(value, f"{prefix}{name}.", depth + 1))
+    return out
+
+
+def test_rounds_of_work_released_leave_the_core_as_they_found_it(make_state: Factory) -> None:
+    """A manager runs for days. Each round here is a new client's run on a worker that
+    replaces the last one: tasks that finish, fail, fail once and are retried, fail
+    their dependent, and one cancelled while it runs, all released at the end. After
+    every round each container of the core has the size it had after the first, exactly,
+    but the bounded histories, which hold at most their bound (the story log at it)."""
+    s = make_state(story_length=10)
+    loop = Loop(s)
+    loop.run(event(WorkerJoined, worker="w0", cores=4, memory=GB))
+    first: dict[str, int] = {}
+    for r in range(1, 25):
+        loop.run(event(WorkerJoined, worker=f"w{r}", cores=4, memory=GB))
+        table: dict[Key, list[Key]] = {f"inc-{r}-{i}": [] for i in range(8)}
+        table |= {f"parse-{r}-{i}": [] for i in range(3)}
+        table |= {f"sum-{r}": [f"inc-{r}-0", f"inc-{r}-1"], f"dep-{r}": [f"parse-{r}-1"]}
+        table[f"slow-{r}"] = []
+        specs = specs_for(s, table, list(table), attrs={f"parse-{r}-2": {"retries": 1}})
+        loop.run(
+            event(
+                GraphSubmitted, specs=specs, wanted=tuple(table), run=f"run-{r}",
+                echo_to=f"client-{r}",
+            )
+        )  # fmt: skip
+        failing = {f"parse-{r}-1", f"parse-{r}-2"}  # the second fails once only
+        while running := [
+            (w, ts.key)
+            for w, ws in s.workers.items()
+            for ts in ws.processing
+            if ts.key != f"slow-{r}"
+        ]:
+            for w, key in running:
+                if key in failing:
+                    if key == f"parse-{r}-2":
+                        failing.discard(key)  # it fails once, its retry finishes
+                    err = ValueError(f"bad row {key}")
+                    loop.run(
+                        event(TasksFinished, worker=w, results=(result(key, "error", error=err),))
+                    )
+                else:
+                    loop.finish(w, key)
+        assert s.tasks[f"dep-{r}"].state == "erred" and s.tasks[f"parse-{r}-2"].state == "memory"
+        slow = s.tasks[f"slow-{r}"]
+        assert slow.state == "processing" and slow.worker is not None
+        loop.run(event(CancelRequested, keys=(slow.key,), reason="by test", spare=frozenset()))
+        loop.run(event(TasksFinished, worker=slow.worker, results=(result(slow.key, "cancelled"),)))
+        loop.run(event(KeysReleased, keys=tuple(table)))
+        loop.run(event(WorkerLeft, worker=f"w{r - 1}", cause="preempted"))
+        assert s.tasks == {}
+        sizes = _sizes(s)
+        bounded = {name: sizes.pop(name) for name in _BOUNDED}
+        if r == 1:
+            first = sizes
+        assert sizes == first, f"round {r}"
+        assert bounded["story_log"] == 10
+        # 14 tries a round (dep- never runs; parse-2 twice): full by the 22nd
+        assert bounded["recent_tries"] == min(r * 14, RECENT_TRIES)
+        # one life, one departed worker and one client's turn more a round, to their bounds
+        assert bounded["lives[default]"] == min(r, MAX_LIVES)
+        assert bounded["storage._departed"] == min(r, DEPARTED_KEPT)
+        assert bounded["turns"] == min(r, MAX_CLIENT_TURNS)
