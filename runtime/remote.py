@@ -27,18 +27,24 @@ Rules:
    cannot be sent (larger than a frame may be, say) is answered with that error.
 3. Backpressure is end to end: incoming tells are handed to the local actor with
    ``await tell``, so a full mailbox stops this side reading, which (through the
-   transport's bounded buffers) stops the sender.
+   transport's bounded buffers) stops the sender. With ``max_asks``, at most that many
+   of the other side's asks are served at once (this side reads nothing more
+   meanwhile); with ``reply_room`` too, an ask is served only while the connection has
+   room for its answer (``send_room`` exceeds the asks being served), one answer
+   computed at a time: a side that takes no answers gets none computed.
 4. When the connection closes, pending asks fail with ``ActorStopped``; the reference
    reports ``stopped``; ``on_close`` (if given) is called once.
 5. Liveness: with ``heartbeat=T``, a side that has sent nothing for ``T`` seconds sends
    a ``Ping``; a side that has received nothing for ``timeout`` seconds (default 3 T)
    closes the connection as dead (``closed_reason`` says so, and so does the close,
    for the other side's ``close_reason``), which rule 4 turns into failures on both
-   sides. Once closed, :meth:`Peer.why_closed` is that reason, the other side's, and
-   this side's own stall just before, if any (a paused process). Silence is not
-   counted while this side's own event loop was stalled (a task holding the GIL, say:
-   its check came more than ``T`` late), as it could not read meanwhile; ``on_stall``
-   (if given) is told how late.
+   sides. So is a connection whose transport has held a full queue for the other side
+   (``send_stalled``: at its bound in bytes, nothing written) for ``timeout`` seconds:
+   a peer that reads nothing. Once closed, :meth:`Peer.why_closed` is that reason, the
+   other side's, and this side's own stall just before, if any (a paused process).
+   Silence is not counted while this side's own event loop was stalled (a task holding
+   the GIL, say: its check came more than ``T`` late), as it could not read meanwhile;
+   ``on_stall`` (if given) is told how late.
 6. Refusal: a side that will not serve the other (a gateway refusing a ``Hello``, a
    token or a connection that keeps sending refused messages) says why with a
    :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
@@ -773,6 +779,7 @@ class Peer:
         on_stall: Callable[[float], None] | None = None,
         no_pickle: str = "",
         max_asks: int | None = None,
+        reply_room: bool = False,
     ) -> None:
         self.conn = conn
         #: the other side's asks this side serves at once (None: no bound); at the
@@ -781,6 +788,13 @@ class Peer:
         #: credits, at its sender), not as tasks here
         self.max_asks = max_asks
         self._serving = 0  #: the other side's asks being served now
+        #: serve an ask only while the connection has room to send its answer: its send
+        #: credits exceed the asks being served, and its bytes queued to send are under
+        #: the transport's bound; and compute one answer at a time (:meth:`_serve_ask`),
+        #: so a reader that takes nothing gets nothing computed for it, and a reader
+        #: that reads nothing holds at most one answer beyond that bound
+        self.reply_room = reply_room
+        self._answering = anyio.Lock()
         self._slot: anyio.Event | None = None  #: set when one of them ends
         #: why the other side may not send pickles (its token's role), when it may not
         self.no_pickle = no_pickle
@@ -952,8 +966,26 @@ class Peer:
                     f"{self.timeout:g} s allowed (dead peer)"
                 )
                 return
+            stalled = self.conn.send_stalled
+            if stalled > self.timeout and late <= self.heartbeat:
+                await self._close_unread(stalled)
+                return
             if now - self._last_out >= self.heartbeat:
                 self.post(Ping(), "")
+
+    async def _close_unread(self, stalled: float) -> None:
+        """Close a connection whose peer has read nothing of what this side queued for
+        it, at the transport's bound, for longer than ``timeout``."""
+        queued = getattr(self.conn, "queued_bytes", 0)
+        self.closed_reason = (
+            f"it read nothing for {stalled:.1f} s of the {queued / 2**20:.1f} MiB queued "
+            f"for it, over the {self.timeout:g} s allowed (a peer that does not read)"
+        )
+        _log.warning("peer reads nothing; closing", peer=self.name, reason=self.closed_reason)
+        await self.conn.aclose(
+            reason=f"you read nothing for {stalled:.1f} s of the {queued / 2**20:.1f} MiB "
+            f"queued for you, over the {self.timeout:g} s allowed"
+        )
 
     async def _send(self, frame: Frame) -> None:
         self._last_out = anyio.current_time()
@@ -1081,27 +1113,47 @@ class Peer:
                     )  # fmt: skip
 
     async def _ask_slot(self) -> None:
-        """Wait, reading nothing, while :attr:`max_asks` asks are being served."""
+        """Wait, reading nothing, while :attr:`max_asks` asks are being served (with
+        :attr:`reply_room`: or while the connection's send room does not exceed them)."""
         while self.max_asks is not None and self._serving >= self.max_asks:
-            slot = self._slot
-            if slot is None:
-                slot = self._slot = anyio.Event()
-            await slot.wait()
+            await self._slot_freed()
+        conn = self.conn
+        while self.reply_room and not conn.closed and conn.send_room <= self._serving:
+            if self._serving < conn.max_buffer:
+                await conn.wait_send_room(self._serving + 1)
+            else:  # room for that many never comes: wait for answers to go first
+                await self._slot_freed()
+
+    async def _slot_freed(self) -> None:
+        """Wait until one of the asks being served ends."""
+        slot = self._slot
+        if slot is None:
+            slot = self._slot = anyio.Event()
+        await slot.wait()
 
     async def _serve_ask(self, msg: Any, rid: int, causal_id: str) -> None:
-        assert self.target is not None
         try:
-            try:
-                value = await self.target.ask(msg, timeout=None, causal_id=causal_id or None)
-                reply = to_wire(value) if value is not None else None
-            except Exception as exc:
-                reply = _error_reply(exc, self.allow_pickle)
-            await self._reply(rid, reply, causal_id)
+            if not self.reply_room:
+                await self._answer(msg, rid, causal_id)
+                return
+            async with self._answering:  # one answer computed at a time, with room for it
+                await self.conn.wait_send_room(1)
+                if not self.conn.closed:
+                    await self._answer(msg, rid, causal_id)
         finally:
             self._serving -= 1
             slot, self._slot = self._slot, None
             if slot is not None:
                 slot.set()
+
+    async def _answer(self, msg: Any, rid: int, causal_id: str) -> None:
+        assert self.target is not None
+        try:
+            value = await self.target.ask(msg, timeout=None, causal_id=causal_id or None)
+            reply = to_wire(value) if value is not None else None
+        except Exception as exc:
+            reply = _error_reply(exc, self.allow_pickle)
+        await self._reply(rid, reply, causal_id)
 
     async def _reply(self, rid: int, reply: Message | None, causal_id: str) -> None:
         msg = reply if reply is not None else _NONE

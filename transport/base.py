@@ -162,6 +162,22 @@ class Connection(abc.ABC):
     def closed(self) -> bool:
         """True once either side has closed (sending is over; frames may remain to read)."""
 
+    @property
+    def send_room(self) -> int:
+        """Frames a send may queue now without waiting (its credits; none while a
+        backend that bounds the bytes it queues, ``ws://``, is at that bound)."""
+        return self.max_buffer
+
+    async def wait_send_room(self, frames: int) -> None:  # noqa: B027
+        """Wait until ``frames`` may be sent without waiting (for more than
+        ``max_buffer``: an empty buffer); return at once once closed."""
+
+    @property
+    def send_stalled(self) -> float:
+        """Seconds this end's queue has been at its bound in bytes with nothing
+        written meanwhile: a peer that reads nothing (0 for a backend without one)."""
+        return 0.0
+
     def set_limits(self, *, max_message_bytes: int | None = None) -> None:  # noqa: B027
         """Raise what this connection accepts from its peer, once the application has
         authorized the peer (e.g. after a valid Hello): the largest message in bytes

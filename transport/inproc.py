@@ -254,6 +254,19 @@ class InProcConnection(Connection):
             out.readable = None
             ev.set()
 
+    @property
+    def send_room(self) -> int:
+        out = self._out
+        return 0 if out.closed else max(out.limit - out.count, 0)
+
+    async def wait_send_room(self, frames: int) -> None:
+        out = self._out
+        while not (out.closed or out.count == 0 or out.count + frames <= out.limit):
+            ev = out.writable
+            if ev is None:
+                ev = out.writable = anyio.Event()
+            await ev.wait()
+
     # -- receiving ----------------------------------------------------------------
 
     async def receive(self) -> Frame:

@@ -134,6 +134,7 @@ __all__ = [
     "DEFAULT_MAX_BAD_FRAMES",
     "DEFAULT_MAX_HANDSHAKES",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_TRUSTED_ROLES",
     "SUBPROTOCOL",
     "AuthenticationFailed",
@@ -150,6 +151,10 @@ DEFAULT_BATCH_WINDOW = 0.0005
 DEFAULT_CHUNK_SIZE = 1 << 20
 #: Largest data message (whole or reassembled) a receiver accepts.
 DEFAULT_MAX_MESSAGE_BYTES = MAX_FRAME_BYTES
+#: Bytes of encoded frames a connection may have queued to send (not yet on the socket)
+#: before its next send waits: a peer that reads slowly, or not at all, holds at most
+#: this much (plus the one frame being queued) in this process, not ``max_buffer`` frames.
+DEFAULT_MAX_QUEUED_BYTES = 16 << 20
 #: Malformed messages a receiver answers before it closes the connection (code 1008).
 DEFAULT_MAX_BAD_FRAMES = 10
 #: Seconds of silence after which a websocket ping is sent (no pong in half that: lost).
@@ -228,6 +233,7 @@ class _Options:
         "max_bad_frames",
         "max_buffer",
         "max_message_bytes",
+        "max_queued_bytes",
         "ssl_context",
     )
 
@@ -239,6 +245,7 @@ class _Options:
             "batch_window",
             "chunk_size",
             "max_message_bytes",
+            "max_queued_bytes",
             "max_bad_frames",
             "heartbeat",
             "close_timeout",
@@ -255,6 +262,9 @@ class _Options:
         self.chunk_size = _int_option("chunk_size", options, DEFAULT_CHUNK_SIZE, _MIN_CHUNK_SIZE)
         self.max_message_bytes = _int_option(
             "max_message_bytes", options, DEFAULT_MAX_MESSAGE_BYTES, 1
+        )
+        self.max_queued_bytes = _int_option(
+            "max_queued_bytes", options, DEFAULT_MAX_QUEUED_BYTES, _MIN_CHUNK_SIZE
         )
         self.max_bad_frames = _int_option("max_bad_frames", options, DEFAULT_MAX_BAD_FRAMES, 1)
         self.heartbeat: float | None = None
@@ -434,13 +444,28 @@ class _Free:
 
 
 class _Out:
-    """A queued send: its encoded bytes and its frames (for merging into one batch)."""
+    """A queued send: its encoded bytes, its frames (for merging into one batch, or
+    sending a batch larger than the credits in pieces) and their ``count``; ``size``,
+    the bytes it counts toward ``max_queued_bytes`` until it leaves the queue. A single
+    frame of over half a chunk keeps no frames (``()``): it never merges, and its
+    objects (a 1 MB listing is ~7 MB of them) are not held while it waits."""
 
-    __slots__ = ("data", "frames")
+    __slots__ = ("count", "data", "frames", "size")
 
-    def __init__(self, data: bytes, frames: Sequence[Frame]) -> None:
+    def __init__(
+        self, data: bytes, frames: Sequence[Frame], size: int | None = None, count: int = 0
+    ) -> None:
         self.data = data
         self.frames = frames
+        self.count = count or len(frames)
+        self.size = len(data) if size is None else size
+
+
+def _queued(data: bytes, frames: Sequence[Frame], chunk_size: int) -> _Out:
+    """The queue entry for ``frames`` encoded as ``data`` (see :class:`_Out`)."""
+    if len(frames) == 1 and len(data) > chunk_size // 2:
+        return _Out(data, (), count=1)
+    return _Out(data, frames)
 
 
 class WebSocketConnection(Connection):
@@ -531,6 +556,10 @@ class WebSocketConnection(Connection):
         self._pending: deque[_Out] = deque()  # queued data, credits already spent
         self._room: anyio.Event | None = None  # a sender waits for credit
         self._queued = 0  # frames ever queued (the writer watches it grow while gathering)
+        #: bytes queued to send (data not yet on the socket); at max_queued_bytes a send waits
+        self.max_queued_bytes = options.max_queued_bytes
+        self._queued_bytes = 0
+        self._over_since: float | None = None  # since when queued bytes are at the bound
         # receiving
         self._inbox: deque[Frame | _Free] = deque()
         self._readable: anyio.Event | None = None  # a receiver waits for a frame
@@ -633,11 +662,12 @@ class WebSocketConnection(Connection):
         if self._send_reason is not None:
             raise self._send_error()
         data = encode(frame, max_bytes=self.max_message_bytes)
-        if self._credit < 1:
+        if self._credit < 1 or self._queued_bytes >= self.max_queued_bytes:
             await self._wait_for_room(1)
         self._credit -= 1
         self._queued += 1
-        self._pending.append(_Out(data, (frame,)))
+        self._pending.append(_queued(data, (frame,), self.chunk_size))
+        self._hold(len(data))
         ev = self._wake
         if ev is not None:
             self._wake = None
@@ -655,16 +685,52 @@ class WebSocketConnection(Connection):
             return
         frames = tuple(frames)
         data = encode_batch(frames, max_bytes=self.max_message_bytes)
-        if not (self._credit >= n or self._credit >= self.max_buffer):
+        if not self._fits(n):
             await self._wait_for_room(n)
         self._credit -= n
         self._queued += n
-        self._pending.append(_Out(data, frames))
+        self._pending.append(_queued(data, frames, self.chunk_size))
+        self._hold(len(data))
         self._wake_writer()
 
-    async def _wait_for_room(self, n: int) -> None:
+    @property
+    def send_room(self) -> int:
+        """Frames a send may queue now without waiting: the credits left, none while
+        ``max_queued_bytes`` are queued (or once closed)."""
+        if self._send_reason is not None or self._queued_bytes >= self.max_queued_bytes:
+            return 0
+        return max(self._credit, 0)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued to send, not yet on the socket (a send waits at ``max_queued_bytes``)."""
+        return self._queued_bytes
+
+    @property
+    def send_stalled(self) -> float:
+        """Seconds the queue has been at ``max_queued_bytes`` with nothing written to
+        the socket meanwhile (0: it is under the bound, or data goes out): a peer that
+        reads nothing."""
+        since = self._over_since
+        if since is None:
+            return 0.0
+        return _now() - max(since, self.last_sent)
+
+    async def wait_send_room(self, frames: int) -> None:
+        """Wait until ``frames`` may be sent without waiting (``send_room``, or every
+        credit back for more than ``max_buffer``); return at once if closed."""
+        with contextlib.suppress(ConnectionClosed):
+            await self._wait_for_room(frames)
+
+    def _fits(self, n: int) -> bool:
         # A batch larger than max_buffer waits for an empty peer buffer, then goes whole.
-        while not (self._credit >= n or self._credit >= self.max_buffer):
+        # Bytes: under the bound, one more message may go (of any size a frame may be).
+        return (
+            self._credit >= n or self._credit >= self.max_buffer
+        ) and self._queued_bytes < self.max_queued_bytes
+
+    async def _wait_for_room(self, n: int) -> None:
+        while not self._fits(n):
             if self._send_reason is not None:
                 raise self._send_error()
             ev = self._room
@@ -673,6 +739,23 @@ class WebSocketConnection(Connection):
             await ev.wait()
         if self._send_reason is not None:
             raise self._send_error()
+
+    def _hold(self, size: int) -> None:
+        """``size`` more bytes are queued to send."""
+        self._queued_bytes += size
+        if self._over_since is None and self._queued_bytes >= self.max_queued_bytes:
+            self._over_since = _now()
+
+    def _release(self, size: int) -> None:
+        """``size`` queued bytes went to the socket (or were dropped): a sender waiting
+        for the queue to go under ``max_queued_bytes`` may go on."""
+        self._queued_bytes = max(self._queued_bytes - size, 0)
+        if self._queued_bytes < self.max_queued_bytes:
+            self._over_since = None
+            ev = self._room
+            if ev is not None:
+                self._room = None
+                ev.set()
 
     def _send_error(self) -> ConnectionClosed:
         return ConnectionClosed(self.local_address, self._send_reason or "closed")
@@ -783,6 +866,8 @@ class WebSocketConnection(Connection):
         self._pending.clear()
         self._control.clear()
         self._big = None
+        self._queued_bytes = 0
+        self._over_since = None
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -884,6 +969,7 @@ class WebSocketConnection(Connection):
                         if self._grant and self._send_reason is None:
                             await self._send_credit(ws)
                         self._big = memoryview(batch[0])
+                        self._hold(len(batch[0]))  # released a chunk at a time
                         self._big_head = _CHUNK.pack(_T_CHUNK, len(batch[0]))
                         self._big_offset = 0
                         await self._send_chunk(ws)
@@ -936,16 +1022,17 @@ class WebSocketConnection(Connection):
         pending = self._pending
         credit = self._wire_credit
         first = pending[0]
-        n = len(first.frames)
+        n = first.count
         if n > credit:
             # A batch larger than max_buffer: send what the peer has room for, keep the
             # rest at the head of the queue (encoded when it goes).
             head = first.frames[:credit]
-            pending[0] = _Out(b"", first.frames[credit:])
+            pending[0] = _Out(b"", first.frames[credit:], first.size)  # counted till it goes
             self._wire_credit = 0
             self.frames_sent += credit
             return [encode_batch(head)]
         pending.popleft()
+        self._release(first.size)
         if not first.data:  # the rest of a split batch
             first = _Out(encode_batch(first.frames), first.frames)
         credit -= n
@@ -960,13 +1047,16 @@ class WebSocketConnection(Connection):
             pending
             and pending[0].data
             and size + len(pending[0].data) <= limit
-            and len(pending[0].frames) <= credit
+            and pending[0].frames
+            and first.frames
+            and pending[0].count <= credit
         ):
             item = pending.popleft()
+            self._release(item.size)
             items.append(item)
             size += len(item.data)
-            credit -= len(item.frames)
-            self.frames_sent += len(item.frames)
+            credit -= item.count
+            self.frames_sent += item.count
         self._wire_credit = credit
         if len(items) == 1:
             return [first.data]
@@ -985,6 +1075,7 @@ class WebSocketConnection(Connection):
         if end >= len(big):
             self._big = None
         await self._send_bytes(ws, b"".join((self._big_head, big[start:end])))
+        self._release(end - start)
         self.chunks_sent += 1
         await _checkpoint()  # let the application and the reader run between chunks
 
