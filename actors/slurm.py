@@ -751,13 +751,26 @@ def private_run_dir(path: Path) -> None:
     it is in: a block's job sources its env file (the worker token) from it when it
     starts, perhaps hours after sbatch, so whoever can write there, or rename it away
     and put a directory of theirs in its place, can run code as this user. Else
-    ``PermissionError`` saying what to do."""
+    ``PermissionError`` saying what to do (:func:`run_dir_problem`)."""
     missing = [d for d in (path, *path.parents) if not d.exists()]
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
             d.mkdir(mode=0o700)
+    problem = run_dir_problem(path)
+    if problem is not None:
+        raise PermissionError(problem)
+
+
+def run_dir_problem(path: Path) -> str | None:
+    """Why :func:`private_run_dir` refuses ``path`` as it is now, with what to do; None
+    if it takes it. Changes nothing: a directory missing (``path``, or the one it is
+    in) is not a problem, as it is made this user's, mode 0700 (so ``check`` says what
+    the manager will do)."""
     for d, what in ((path, "the Slurm run directory"), (path.parent, "the directory it is in")):
-        st = os.lstat(d)
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            continue
         why = ""
         if not stat.S_ISDIR(st.st_mode):
             why = "is not a directory (a symbolic link, say)"
@@ -766,12 +779,13 @@ def private_run_dir(path: Path) -> None:
         elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             why = f"lets other users write in it ({stat.filemode(st.st_mode)})"
         if why:
-            raise PermissionError(
+            return (
                 f"{what}, {d}, {why}: the batch jobs read the workers' token and the "
                 "commands they run from files there when they start, so another user "
                 f"could run code as you. Run the manager with --run-dir DIR (run_dir=) in a "
                 f"directory only you can write, or make it yours only (chmod go-w {d})"
             )
+    return None
 
 
 #: the script's array of the node's workers' devices, in order (``_gpu_lines``)

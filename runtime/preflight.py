@@ -98,6 +98,7 @@ from actors.slurm import (
     own_lines_advice,
     parse_scontrol_job,
     parse_squeue,
+    run_dir_problem,
 )
 from actors.worker import host_cpus
 from policies.base import PolicyRegistry
@@ -134,6 +135,7 @@ __all__ = [
     "check_memory_limit",
     "check_partition",
     "check_policies",
+    "check_run_dir",
     "check_signal_warning",
     "check_test_only",
     "compare_versions",
@@ -1271,6 +1273,28 @@ def _on_nodes(result: CheckResult, path: Path) -> CheckResult:
     return result
 
 
+def check_run_dir(path: Path | None, pools: Sequence[str]) -> CheckResult:
+    """The Slurm run directory (``path``: ``--run-dir``; None: the manager's default,
+    ``./corral-slurm``): :func:`check_directory`, and a WARN when the manager would
+    refuse the directory it keeps a pool's files in, ``<path>/<pool>``
+    (:func:`actors.slurm.run_dir_problem`: another user's, or one that others can write
+    in, or whose parent they can). The default's is a new directory of each run, made
+    0700 (``run-<time>-<pid>/<pool>``): nothing there to refuse."""
+    result = check_directory("run directory", path or Path("corral-slurm"), 0)
+    if result.status == FAIL or path is None:
+        return result
+    for name in pools:
+        problem = run_dir_problem(path.absolute() / name)
+        if problem is not None:
+            what, _, advice = problem.partition(". Run the manager")
+            return CheckResult(
+                ALL, "run directory", WARN,
+                f"the manager would refuse pool {name}'s: {what}",
+                f"Run the manager{advice}; give check the same --run-dir.",
+            )  # fmt: skip
+    return result
+
+
 def check_directories(
     pools: Mapping[str, PoolConfig],
     *,
@@ -1287,7 +1311,8 @@ def check_directories(
     needed, unknown = expected_spill({n: p for n, p in pools.items() if n not in own})
     results = []
     if any(p.provider == "slurm" for p in pools.values()):
-        results.append(check_directory("run directory", run_dir or Path("corral-slurm"), 0))
+        slurm = sorted(n for n, p in pools.items() if p.provider == "slurm")
+        results.append(check_run_dir(run_dir, slurm))
     for name, pool in own.items():
         room = expected_spill({name: pool})[0]
         mine = check_directory("spill directory", Path(pool.spill_dir), room)

@@ -27,6 +27,7 @@ import pytest
 
 import runtime
 from actors.pools import pools_from_dicts
+from actors.slurm import private_run_dir
 from actors.worker import host_cpus
 from runtime.errors import size_text
 from runtime.messages import PROTOCOL_VERSION
@@ -1107,3 +1108,41 @@ def test_a_failing_nvidia_smi_fails_the_check_with_what_it_said(tmp_path: Path) 
     got = check_accelerators(_gpu_pool(2), path=path, environ={})
     assert got is not None and got.status == FAIL, got
     assert "exit status 9" in got.detail and "couldn't communicate" in got.detail, got.detail
+
+
+@pytest.mark.parametrize(
+    ("run_mode", "pool_mode", "refused"),
+    [
+        (0o777, None, True),  # others may rename the pool's away and put theirs in its place
+        (0o755, 0o770, True),  # others may write in the pool's
+        (0o1777, None, False),  # a sticky one (as /tmp): nobody else renames in it
+        (0o755, 0o700, False),
+    ],
+)
+def test_check_warns_of_a_run_dir_the_manager_would_refuse(
+    tmp_path: Path, run_mode: int, pool_mode: int | None, refused: bool
+) -> None:
+    """check and the manager agree on the Slurm run directory: where the manager refuses
+    a pool's (``<--run-dir>/<pool>``: PermissionError before any sbatch,
+    actors.slurm.private_run_dir), check WARNs with the same reason and what to do;
+    where the manager takes it, check passes. The check changes nothing (a missing
+    directory stays missing)."""
+    slurm = pools_from_dicts({"hpc": {"provider": "slurm", "partition": "x"}})
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(run_mode)
+    if pool_mode is not None:
+        (run / "hpc").mkdir()
+        (run / "hpc").chmod(pool_mode)
+    (result,) = [r for r in check_directories(slurm, run_dir=run) if r.check == "run directory"]
+    assert (run / "hpc").exists() == (pool_mode is not None)  # nothing made
+    if not refused:
+        assert result.status == PASS, result
+        private_run_dir(run / "hpc")  # the manager takes it
+        return
+    with pytest.raises(PermissionError) as manager_said:
+        private_run_dir(run / "hpc")
+    why = str(manager_said.value).partition(". Run the manager")[0]
+    assert result.status == WARN, result
+    assert result.detail == f"the manager would refuse pool hpc's: {why}", result
+    assert "--run-dir DIR" in result.advice and "chmod go-w" in result.advice, result
