@@ -80,6 +80,7 @@ from runtime.messages import (
     MoveRequest,
     OperatorCancel,
     PolicyQuery,
+    ProgressQuery,
     ReadStream,
     ReleaseKeysRequest,
     ResumeRequest,
@@ -476,7 +477,9 @@ class Manager(Actor):
         told = tuple((pool, self.not_configured(pool)) for pool in graph.unconfigured)
         unplaced = graph.unplaced
         asks = unplaced.asks if unplaced is not None else ()
-        request = SubmitSpecs(run, graph.pieces, tuple(wanted), told, echoed, msg.client, asks)
+        request = SubmitSpecs(
+            run, graph.pieces, tuple(wanted), told, echoed, msg.client, asks, msg.progress
+        )
         if not told and unplaced is None:
             self._scheduler().post(request)
             return SubmitReply(run, graph.notes, echoed)
@@ -1019,7 +1022,13 @@ class Manager(Actor):
             self.log.info("policy changed", **policy_change_fields(msg))
 
     @handles(
-        StoryRequest, StoryQuery, TasksQuery, DrainRequest, UndrainRequest, ForgetCategoryRequest
+        StoryRequest,
+        StoryQuery,
+        TasksQuery,
+        DrainRequest,
+        UndrainRequest,
+        ForgetCategoryRequest,
+        ProgressQuery,
     )
     async def to_scheduler(self, msg: Any) -> Any:
         return await self._scheduler().ask(msg)

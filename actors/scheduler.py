@@ -153,6 +153,7 @@ from runtime.messages import (
     PolicyQuery,
     PoolLife,
     PoolMetrics,
+    ProgressQuery,
     RecentTry,
     RegisterWorker,
     ReleaseKeysRequest,
@@ -733,7 +734,7 @@ class Scheduler(Actor):
             return lambda stimulus: self._handle(
                 GraphSubmitted(
                     stimulus, self.clock.now(), p.specs, keys, i > 0, p.hold, p.unhold,
-                    unconfigured, echo, msg.client, i == last, msg.run,
+                    unconfigured, echo, msg.client, i == last, msg.run, msg.progress,
                 )
             )  # fmt: skip
 
@@ -1440,6 +1441,11 @@ class Scheduler(Actor):
             for k, start, finish, stim, now in rows
             if str(k) in msg.keys
         ]
+
+    @handles(ProgressQuery)
+    def progress_query(self, msg: ProgressQuery) -> dict[str, Any] | None:
+        """How far run ``msg.run`` is (``SchedulerState.progress_of``)."""
+        return self.state.progress_of(msg.run, stop=msg.stop)
 
     @handles(TasksQuery)
     def tasks_query(self, msg: TasksQuery) -> tuple[TaskRecord, ...]:

@@ -119,6 +119,8 @@ class GraphSubmitted(Event):
     echo_to: str = ""
     final: bool = True
     run: str = ""
+    #: count how the submission's tasks move, for ``SchedulerState.progress_of(run)``
+    progress: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -568,6 +568,37 @@ class _Submission:
     reuse_checks: int = 0
 
 
+#: runs counted for ``ProgressQuery`` at once: past it the oldest is let go (a client
+#: that asked and never came back for its counts holds no more than these)
+MAX_PROGRESS_RUNS = 64
+
+#: a state's place among ``RunProgress.counts``: waiting (any state not named), ready
+#: (``queued``), running (``processing``)
+_PROGRESS_SLOT: dict[str, int] = {"queued": 1, "processing": 2}
+
+
+def _ran_on(ts: TaskState) -> str:
+    """The worker ``ts``'s latest try ran on ("" for none)."""
+    return ts.worker or (ts.tries[-1].worker if ts.tries else "")
+
+
+@dataclasses.dataclass(slots=True)
+class RunProgress:
+    """How the tasks of one counted submission (``GraphSubmitted.progress``) moved:
+    ``total`` taken in so far, ``finished`` (ended: memory, erred or cancelled, each
+    once), ``erred``, ``counts`` of the others (waiting, ready, running), ``ended``:
+    ``(key, worker, state)`` of those ended since the last ask, ``complete``: the
+    submission's last piece is in."""
+
+    total: int = 0
+    finished: int = 0
+    erred: int = 0
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])
+    ended: list[tuple[Key, str, str]] = dataclasses.field(default_factory=list)
+    complete: bool = False
+    gone: bool = False  # let go: its tasks' moves count no more
+
+
 @dataclasses.dataclass(slots=True)
 class _Room:
     """What :func:`_has_room` weighs, per worker id of the survivors an evacuation plan
@@ -822,6 +853,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: tasks forgotten per state, and queued tasks per pool ("*": any pool): kept in
         #: step with every transition, so status counts tasks without scanning them
         self.moves: list[int] = [0] * len(_MOVES)
+        #: the counted runs (``ProgressQuery``), oldest first, and per task not ended
+        #: yet the runs counting it: empty (one falsy check per move) when none is
+        self.progress: dict[str, RunProgress] = {}
+        self._tracked: dict[TaskState, list[RunProgress]] = {}
         self.created = 0
         self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
@@ -1523,6 +1558,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 new.append(ts)
             else:  # the known task stands (as in dask): say so if this one differs
                 self._note_reuse(ts.spec, spec)
+        if ev.progress:
+            self._count_progress(ev, new)
         # cancelled before this piece came: cancelled as it comes, never queued
         ahead = self._arrived_cancelled(ev.specs, new) if self._cancel_ahead else None
         if ev.final and sub.reused_count:  # said before any result of the submission
@@ -2935,6 +2972,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.retry_at = 0.0  # (a retry held for its backoff is held no more)
             self._wave_moved(ts, finish == "waiting")
         self.moves[move] += 1
+        if self._tracked:
+            runs = self._tracked.get(ts)
+            if runs is not None:
+                self._progress_moved(ts, start, finish, ended, runs)
         if ended and self.checkpoint_workers and ts.key in self.checkpoint_workers:
             self._prune_all_checkpoints(ts.key)
         if queued:
@@ -2966,6 +3007,75 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
+
+    def _count_progress(self, ev: GraphSubmitted, new: list[TaskState]) -> None:
+        """Count the tasks of ``ev``'s piece for its run's progress: those it added or
+        runs again (``new``) and those known still under way, from the state they are
+        in; those known done (in memory, or released) as finished at once."""
+        p = self.progress.get(ev.run)
+        if p is None:
+            if len(self.progress) >= MAX_PROGRESS_RUNS:  # a client that never came back
+                oldest = next(iter(self.progress))
+                self.progress.pop(oldest).gone = True
+            p = self.progress[ev.run] = RunProgress()
+        fresh = set(new)
+        tracked = self._tracked
+        for key in ev.specs:
+            ts = self.tasks[key]
+            p.total += 1
+            if ts not in fresh and ts.state in ("memory", "released"):
+                p.finished += 1
+                p.ended.append((key, _ran_on(ts), "memory"))
+                continue
+            if ts not in fresh and ts.state in _ENDED:  # (not run again: ended)
+                p.finished += 1
+                p.erred += ts.state == "erred"
+                p.ended.append((key, _ran_on(ts), ts.state))
+                continue
+            p.counts[_PROGRESS_SLOT.get(ts.state, 0)] += 1
+            runs = tracked.get(ts)
+            if runs is None:
+                tracked[ts] = [p]
+            else:
+                runs.append(p)
+        p.complete = ev.final
+
+    def _progress_moved(
+        self, ts: TaskState, start: str, finish: str, ended: bool, runs: list[RunProgress]
+    ) -> None:
+        """``ts``, counted for ``runs``, moved from ``start`` to ``finish``."""
+        was = _PROGRESS_SLOT.get(start, 0)
+        if ended:
+            del self._tracked[ts]
+            worker = _ran_on(ts)
+            for p in runs:
+                p.counts[was] -= 1
+                p.finished += 1
+                p.erred += finish == "erred"
+                if not p.gone:
+                    p.ended.append((ts.key, worker, finish))
+            return
+        now = _PROGRESS_SLOT.get(finish, 0)
+        if now != was:
+            for p in runs:
+                p.counts[was] -= 1
+                p.counts[now] += 1
+
+    def progress_of(self, run: str, *, stop: bool = False) -> dict[str, Any] | None:
+        """How far counted run ``run`` is (``ProgressQuery``'s answer), its ``ended``
+        handed over (each ended task is said once); ``stop``: let it go after this.
+        ``None`` for a run not counted."""
+        p = self.progress.pop(run, None) if stop else self.progress.get(run)
+        if p is None:
+            return None
+        if stop:
+            p.gone = True
+        ended, p.ended = p.ended, []
+        waiting, ready, running = p.counts
+        return {
+            "total": p.total, "finished": p.finished, "erred": p.erred, "waiting": waiting,
+            "ready": ready, "running": running, "complete": p.complete, "ended": ended,
+        }  # fmt: skip
 
     def _served(self, ts: TaskState, wait: float) -> None:
         """``ts``, ready for ``wait`` seconds, is sent to ``ts.worker``: the wait counts

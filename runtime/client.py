@@ -48,6 +48,7 @@ from dask.base import (
     tokenize,
     unpack_collections,
 )
+from dask.callbacks import Callback, local_callbacks
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
@@ -132,6 +133,7 @@ from runtime.messages import (
     MoveRequest,
     PolicyInfo,
     PolicyQuery,
+    ProgressQuery,
     ReleaseKeysRequest,
     RunOutcome,
     RunRequest,
@@ -160,11 +162,15 @@ from runtime.node import (
     check_worker_timeout,
     end_run,
 )
+from runtime.progress import PROGRESS_EVERY, Hooks
 from runtime.remote import check_run_timeout, pickled_call
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
 
 _log = get_logger("corral.client")
+
+#: Seconds the last ``ProgressQuery`` of a compute with dask callbacks may take.
+_PROGRESS_LAST = 2.0
 
 #: Seconds :meth:`Cluster.run` gives each worker to answer, unless told otherwise.
 RUN_TIMEOUT = 30.0
@@ -3154,14 +3160,16 @@ class Cluster:
         opts: TaskOptions,
         inputs: Sequence[Future] = (),
         refs: bool = True,
-    ) -> None:
+        progress: bool = False,
+    ) -> str:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
         hashable, ``opts`` checked; ``inputs``: the futures it holds, checked by
         :meth:`_inputs_of`, held by the caller until this returns: the manager then has
         the tasks that read them). A graph more than one message to a remote manager
         may carry is a :class:`GraphError` saying what to do. ``refs``: a future
         inside its tasks goes as a reference to its key (a graph or collection), or is
-        refused (scattered values: :meth:`Future.__reduce__`)."""
+        refused (scattered values: :meth:`Future.__reduce__`). ``progress``: the
+        scheduler counts the run's tasks (``ProgressQuery``). Returns the run's id."""
         client = self._client_actor
         under_way = tuple(dict.fromkeys(keys))
         for key in under_way:  # see _KeyWatch.fence
@@ -3179,6 +3187,7 @@ class Cluster:
                 resources=dict(opts.resources) or None,
                 pool=opts.pool,
                 timeout=opts.timeout,
+                progress=progress,
             )
             n = known_size(graph) or 0  # (a dask expression: not known)
             began = _sending(n)
@@ -3203,6 +3212,7 @@ class Cluster:
         finally:
             client.sent(under_way, reply)
         _told_of(reply)
+        return str(reply.run)
 
     async def _collections(
         self, args: tuple[Any, ...], method: str
@@ -3306,8 +3316,11 @@ class Cluster:
             watch.pool = opts.pool
         values: list[Any] = []
         try:
-            await self._submit(graph, flat, opts, inputs)
-            values = await self._gather_keys(flat, root_errors=True)
+            if Callback.active:  # dask's callbacks (a ProgressBar): told as tasks end
+                values = await self._compute_told(graph, flat, opts, inputs)
+            else:
+                await self._submit(graph, flat, opts, inputs)
+                values = await self._gather_keys(flat, root_errors=True)
         finally:
             loop = asyncio.get_running_loop()
             for i, (k, v) in enumerate(itertools.zip_longest(flat, values)):
@@ -3318,6 +3331,52 @@ class Cluster:
                 else:
                     client.unhold(k)
         return _pack(keys, dict(zip(flat, values, strict=True)))
+
+    async def _compute_told(
+        self, graph: Any, flat: list[Key], opts: TaskOptions, inputs: Sequence[Future]
+    ) -> list[Any]:
+        """:meth:`_compute`'s submit and gather with dask's active callbacks called
+        (:mod:`runtime.progress`): taken from ``Callback.active`` for the call, as
+        dask's schedulers take them (a dask compute inside a task of an in-process
+        worker calls none of them), the run counted by the scheduler and asked how far
+        it is every :data:`~runtime.progress.PROGRESS_EVERY` seconds; ``finish`` is
+        called however the compute ends."""
+        with local_callbacks() as callbacks:
+            hooks = Hooks(callbacks, graph)
+            errored = True
+            run = ""
+            try:
+                hooks.start()
+                run = await self._submit(graph, flat, opts, inputs, progress=True)
+
+                async def follow() -> None:
+                    try:
+                        while True:
+                            await anyio.sleep(PROGRESS_EVERY)
+                            hooks.update(await self._manager.ask(ProgressQuery(run)))
+                    except Exception as exc:  # (a hook's or the ask's: the compute goes on)
+                        _log.warning("progress not followed", run=run, error=repr(exc))
+
+                # a task of its own, not a task group's: the compute's error is raised
+                # as it is, not in an exception group
+                following = asyncio.ensure_future(follow())
+                try:
+                    values = await self._gather_keys(flat, root_errors=True)
+                finally:
+                    following.cancel()
+                    await asyncio.wait([following])  # (a cancel of this call propagates)
+                errored = False
+                return values
+            finally:
+                if run:  # the last counts (and let them go), unless the manager is gone
+                    with anyio.move_on_after(_PROGRESS_LAST, shield=True):
+                        try:
+                            last = await self._manager.ask(ProgressQuery(run, stop=True))
+                        except Exception as exc:  # (the compute's own error is raised)
+                            _log.warning("progress counts not got", run=run, error=repr(exc))
+                        else:
+                            hooks.update(last)
+                hooks.finish(errored)
 
     async def persist(self, *collections: Any, **options: Any) -> Any:
         """Start computing dask collections on the cluster and keep their chunks there:

@@ -353,6 +353,9 @@ class SubmitGraphRequest(Message):
     resources: dict[str, float] | None = None
     pool: str | None = None
     timeout: float | None = None  #: seconds each try may execute (None: no limit)
+    #: count how the graph's tasks move, for :class:`ProgressQuery` asks of its run
+    #: (dask's callbacks active around the compute: ``runtime/progress.py``)
+    progress: bool = False
 
 
 @message(local=True)
@@ -378,6 +381,8 @@ class SubmitSpecs(Message):
     #: pool's worker has (``runtime.graph.Unplaced.asks``); asked, the scheduler answers
     #: whether a connected worker has it
     unplaced: tuple[tuple[str, float], ...] = ()
+    #: the submission's ``SubmitGraphRequest.progress``: the scheduler counts its tasks
+    progress: bool = False
 
 
 @message()
@@ -1933,6 +1938,22 @@ class TasksQuery(Message):
     offset: int = 0
     client: str | None = None
     pool: str | None = None
+
+
+@message()
+class ProgressQuery(Message):
+    """-> manager -> scheduler: how far run ``run`` is, a submission made with
+    ``SubmitGraphRequest.progress``. Reply: ``None`` (no such run counted: never asked
+    for, or let go), or a dict: ``total`` (the tasks its graph holds, as taken in so
+    far), ``finished`` (of those, how many ended: in memory, erred or cancelled; a task
+    done before the run came counts as finished at once), ``erred``, ``waiting``,
+    ``ready`` (queued), ``running`` (processing), ``complete`` (its whole graph is
+    taken in) and ``ended``: ``(key, worker, state)`` of each task that ended since
+    the previous ask, so a client asking a few times a second is sent each key once.
+    ``stop``: let the run's counts go after this answer (the client is done with them)."""
+
+    run: str
+    stop: bool = False
 
 
 @message()

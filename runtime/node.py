@@ -129,6 +129,7 @@ from runtime.messages import (
     MoveRequest,
     OutputUnpicklable,
     PolicyQuery,
+    ProgressQuery,
     ReadStream,
     RegisterWorker,
     ReleaseKeysRequest,
@@ -1838,7 +1839,7 @@ MAX_REFUSED = 10
 
 
 _READ: frozenset[type[Message]] = frozenset(
-    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest}
+    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest, ProgressQuery}
 )
 
 #: What a client with the submit token may send besides the reads: its own work

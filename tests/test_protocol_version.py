@@ -261,6 +261,10 @@ CATALOGUES = {
     # processes, for the client's hint): a client of version 2, released, cannot read
     # it: version 3
     "f13833cfceb41e1499f8370e3bd009560afd770abfad62db0dcc6c4c7c988fd3": 3,
+    # SubmitGraphRequest.progress and ProgressQuery (a compute under dask callbacks,
+    # counted by the scheduler and asked how far it is), SubmitSpecs.progress (local):
+    # still version 3, not released
+    "34b0a9b96ebe8f0964be450c303713ddf38fc28e587cb5bad6cd5ceab0813969": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
