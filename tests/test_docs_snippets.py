@@ -42,6 +42,7 @@ SNIPPETS = [
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
     ("api.md", 'da.to_npy_stack("stack", x)'),  # a library call that computes inside
     ("api.md", "async def progress(cluster: Cluster, every: float = 2.0) -> None:"),
+    ("api.md", "with ProgressBar():"),  # dask's callbacks on Corral's get
 ]
 
 
