@@ -20,7 +20,7 @@ from dask.diagnostics import ProgressBar
 import runtime
 from runtime import Cluster
 from runtime.progress import Counted
-from tests.helpers import wait_until
+from tests.helpers import Cli, wait_until
 
 LIMIT = 60
 
@@ -76,11 +76,16 @@ def square(i: int) -> int:
     return i * i
 
 
-async def _one_by_one(cluster: Cluster, tmp_path: Path) -> None:
-    """Four tasks, each let go in turn: after each, the Record's counts and the bar
-    show it (and no more) ended, until the compute returns their values."""
+def _named(i: int) -> Any:
+    return f"part-{i}"
+
+
+async def _one_by_one(cluster: Cluster, tmp_path: Path, name: Any = _named) -> None:
+    """Four tasks (keys ``name(i)``), each let go in turn: after each, the Record's
+    counts and the bar show it (and no more) ended, until the compute returns their
+    values."""
     gates = [tmp_path / f"gate-{i}" for i in range(4)]
-    parts = [dask.delayed(gated)(i, str(g), dask_key_name=f"part-{i}") for i, g in enumerate(gates)]
+    parts = [dask.delayed(gated)(i, str(g), dask_key_name=name(i)) for i, g in enumerate(gates)]
     rec, out = Record(), io.StringIO()
     results: list[Any] = []
 
@@ -94,17 +99,17 @@ async def _one_by_one(cluster: Cluster, tmp_path: Path) -> None:
         for n, gate in enumerate(gates, 1):
             gate.touch()
             await wait_until(lambda n=n: len(rec.finished()) == n, f"{n} tasks told ended")
-            assert rec.finished()[-1] == f"part-{n - 1}"
+            assert rec.finished()[-1] == name(n - 1)
             if n < 4:  # the bar shows it: n of 4 ended (drawn while some are left)
                 pct = f"| {n * 25}% Completed"
                 await wait_until(lambda pct=pct: pct in out.getvalue(), pct)
     assert results == [0, 1, 2, 3]
     assert rec.calls[:2] == [("start",), ("start_state", 0)]
     posts = [c for c in rec.calls if c[0] == "posttask"]
-    assert [(c[1], c[2], c[3]) for c in posts] == [(f"part-{i}", i + 1, 3 - i) for i in range(4)]
+    assert [(c[1], c[2], c[3]) for c in posts] == [(name(i), i + 1, 3 - i) for i in range(4)]
     assert all(isinstance(c[4], str) and c[4] for c in posts)  # the worker it ran on
     pres = [c for c in rec.calls if c[0] == "pretask"]
-    assert [c[1] for c in pres] == [f"part-{i}" for i in range(4)]
+    assert [c[1] for c in pres] == [name(i) for i in range(4)]
     assert rec.calls[-1] == ("finish", False, 4)
     assert out.getvalue().split("\r")[-1].startswith("[" + "#" * 40 + "] | 100% Completed")
 
@@ -121,6 +126,20 @@ async def test_progress_rises_task_by_task_in_process(tmp_path: Path) -> None:
 async def test_progress_rises_task_by_task_on_worker_processes(tmp_path: Path) -> None:
     async with Cluster(processes=2, threads_per_worker=2) as cluster:
         await _one_by_one(cluster, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_progress_rises_task_by_task_through_a_manager_process(tmp_path: Path) -> None:
+    """A manager and workers in processes of their own: the counts and the keys that
+    ended cross the connection (tuple keys arrive as tuples)."""
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager()
+        for _ in range(2):
+            cli.worker(address, "--cores", "2")
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            await _one_by_one(cluster, tmp_path, lambda i: ("part", i))
 
 
 @pytest.mark.timeout(LIMIT)
