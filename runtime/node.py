@@ -1839,16 +1839,20 @@ MAX_REFUSED = 10
 
 
 _READ: frozenset[type[Message]] = frozenset(
-    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest, ProgressQuery}
+    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest}
 )
 
 #: What a client with the submit token may send besides the reads: its own work
 #: (submit, gather, release and cancel its own keys: :data:`OWN_CLIENT`), wait for
 #: workers, and run a function on them (``Cluster.run``: code, as a graph is). Not the
 #: operator's commands (the console's cancel of any key or run, policies, scaling,
-#: draining, alert rules).
+#: draining, alert rules). ``ProgressQuery`` is a client's, not a read: its answer hands
+#: over the keys that ended since the last one (each said once) and ``stop`` lets the
+#: run's counts go, so a read-token console asking it of a run (``run-N``, numbered in
+#: turn) would take them from the compute's own client (its ProgressBar short of them).
 _SUBMIT: frozenset[type[Message]] = _READ | {
     SubmitGraphRequest,
+    ProgressQuery,
     GatherRequest,
     ReadStream,
     CloseStream,

@@ -22,7 +22,13 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import CancelledError
-from runtime.messages import CancelRequest, DrainRequest, ReleaseKeysRequest, SubmitGraphRequest
+from runtime.messages import (
+    CancelRequest,
+    DrainRequest,
+    ProgressQuery,
+    ReleaseKeysRequest,
+    SubmitGraphRequest,
+)
 from runtime.node import ALLOWED, PermissionDenied, Tokens, _Door
 from tests.helpers import Cli, free_port_between
 
@@ -111,6 +117,23 @@ def test_the_submit_role_is_a_client_s_own_work_and_the_reads() -> None:
         "DrainRequest needs the admin token (the operator's); this connection has the submit token"
     ), info.value
     assert "Ask the cluster's operator" in str(info.value)
+
+
+def test_a_read_token_console_may_not_ask_a_compute_s_progress() -> None:
+    """ProgressQuery hands over the keys that ended since the last ask (each once) and
+    ``stop`` lets the run's counts go: a read-token console asking it of ``run-N`` took
+    them from the compute's client (its ProgressBar never saw those tasks end). The
+    gateway refuses it from the read role; a client (submit, admin) asks it."""
+
+    class _Gateway:
+        refused_messages = 0
+
+    for role in ("submit", "admin"):
+        _Door(_Gateway(), None, role, "alice").check(ProgressQuery("run-1"))  # type: ignore[arg-type]
+    door = _Door(_Gateway(), None, "read", "console")  # type: ignore[arg-type]
+    for msg in (ProgressQuery("run-1"), ProgressQuery("run-1", stop=True)):
+        with pytest.raises(PermissionDenied, match="ProgressQuery"):
+            door.check(msg)
 
 
 def test_the_token_file_carries_the_submit_token_and_keep_tokens_keeps_it(
