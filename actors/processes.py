@@ -781,13 +781,17 @@ class LocalProcessProvider(Provider):
         tg = self._tg
         assert tg is not None
         block, spec = rec.block, rec.block.spec
+        # Every worker's device taken now, before the first spawn's await: a block
+        # waiting for devices (_provision) that looks meanwhile sees them held, not
+        # free, and waits on rather than take some and fail ("no free accelerator").
+        devices = [self._pin(self._worker_id(n, i, spec.workers)) for i in range(spec.workers)]
         try:
             for i in range(spec.workers):
                 if rec.stopping or self._closing:  # stopped while it started: no more
                     break
                 wid = self._worker_id(n, i, spec.workers)
                 argv = list(self.argv_for(block.block_id, i))
-                device = self._pin(wid)
+                device = devices[i]
                 try:
                     if device is None:
                         raise OSError(
@@ -797,13 +801,12 @@ class LocalProcessProvider(Provider):
                     pin = accelerator_env(device) if device else {}
                     process = await self._spawn(wid, block.block_id, argv, pin)
                 except OSError as exc:
-                    self._pinned.pop(device or "", None)
                     rec.failure = f"{wid} could not start {argv!r}: {exc}"
                     rec.failed_worker = wid
                     self._log.error("worker process could not start", worker=wid, error=str(exc))
                     break
                 child = _Child(wid, process, oom_events=_oom_events(process.pid))
-                child.accelerator = device
+                child.accelerator, devices[i] = device, ""  # freed as it exits
                 rec.children.append(child)
                 rec.live += 1
                 if wid not in block.workers:
@@ -816,6 +819,9 @@ class LocalProcessProvider(Provider):
                 rec.stopped_rest = True
                 await self._terminate(rec)
             raise
+        finally:
+            for device in devices:  # those of workers it never started
+                self._unpin(device)
         rec.starting = False
         if rec.failure or rec.stopping:  # one could not start, one failed already, or
             rec.stopped_rest = True  # the block was stopped meanwhile: stop the others
@@ -881,6 +887,12 @@ class LocalProcessProvider(Provider):
         whose worker still finishes its tasks on its device comes up once it exits,
         where it failed at once, and so did each next one, until the pool gave up."""
         return not self.accelerators or len(self.accelerators) - len(self._pinned) >= workers
+
+    def _unpin(self, device: str | None) -> None:
+        """``device`` (if any) is free again: the blocks waiting for devices look."""
+        if device and self._pinned.pop(device, None) is not None and self._freed is not None:
+            self._freed.set()
+            self._freed = None
 
     def _pin(self, wid: str) -> str | None:
         """The first accelerator no running worker holds, now held by ``wid`` ("" without
@@ -997,10 +1009,7 @@ class LocalProcessProvider(Provider):
                     )
         rec.live -= 1
         if rc is not None and child.accelerator:  # exited: its device is free again
-            self._pinned.pop(child.accelerator, None)
-            if self._freed is not None:
-                self._freed.set()
-                self._freed = None
+            self._unpin(child.accelerator)
         failed = rc != 0
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"

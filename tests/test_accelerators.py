@@ -266,6 +266,28 @@ async def test_a_local_provider_gives_each_process_a_free_device_and_takes_it_ba
 
 
 @pytest.mark.anyio
+async def test_two_blocks_that_wait_for_devices_never_share_them_out_short(
+    tmp_path: Path,
+) -> None:
+    """Three devices, two blocks of two that start together (after a provision delay):
+    the first takes two, the second waits for the first's exits. The first's devices
+    were taken one spawn at a time, so the second, looking while the first spawned its
+    first worker, saw two free, started, and one of them failed 'no free accelerator'."""
+    gate, logs = tmp_path / "gate", tmp_path / "logs"
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(
+            lambda b, i: _child(gate), log_dir=logs, accelerators=["0", "1", "2"], grace=1,
+            provision_delay=0.2,
+        ) as provider:  # fmt: skip
+            blocks = [await provider.start_block(BlockSpec(2)) for _ in range(2)]
+            await wait_until(lambda: any(b.state is BlockState.RUNNING for b in blocks),
+                             "a block to start", limit=LIMIT)  # fmt: skip
+            gate.touch()  # the first one's workers end: the other starts on their devices
+            ended = [await provider.wait_ended(b) for b in blocks]
+            assert ended == [BlockState.COMPLETED] * 2, blocks
+
+
+@pytest.mark.anyio
 async def test_a_local_pools_two_workers_run_tasks_on_two_devices() -> None:
     """``Cluster(pools=..., processes=True)`` (a manager's local pool too): a pool of two
     blocks of one worker with ``accelerators = 2``; a task on each worker sees its
