@@ -844,7 +844,10 @@ def nested_computes_on(get: Callable[..., Any]) -> Iterator[None]:
     previous = getattr(_nested, "get", None)
     with _nested_lock:
         if _nested_state["users"] == 0:
-            _nested_state["before"] = dask.config.get("scheduler", None)
+            before = dask.config.get("scheduler", None)
+            # (itself: put back by another thread's dask.config.set block that began in
+            # an earlier block and ended after it; named before, it would call itself)
+            _nested_state["before"] = None if before is _nested_scheduler else before
             dask.config.set(scheduler=_nested_scheduler)
         _nested_state["users"] += 1
     _nested.get = get

@@ -241,6 +241,38 @@ def test_nested_computes_go_to_their_threads_scheduler_and_config_is_restored() 
         assert sorted(calls) == ["before", "cluster-0", "cluster-1"]
 
 
+def test_a_nested_block_left_in_dasks_config_by_another_thread_is_not_its_own_before() -> None:
+    """Another thread's ``dask.config.set`` block that began inside a nested block and
+    ended after it puts the nested scheduler back in dask's config; the next nested
+    block took it as the scheduler dask named before, so a compute of another thread
+    meanwhile called it again and again: RecursionError. Now such a compute runs in
+    dask's threads, as with nothing named, and dask's config names nothing after."""
+    calls: list[str] = []
+
+    def on_cluster(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        calls.append("cluster")
+        return dask.get(dsk, keys)
+
+    with nested_computes_on(on_cluster):
+        other = dask.config.set(scheduler="sync")  # another thread's block ...
+        other.__enter__()
+    other.__exit__(None, None, None)  # ... that ends after this one
+    try:
+        with nested_computes_on(on_cluster):
+            out: list[Any] = []
+            elsewhere = threading.Thread(
+                target=lambda: out.append(dask.delayed(sum)([1, 2]).compute())
+            )
+            elsewhere.start()
+            elsewhere.join(LIMIT)
+            assert out == [3]
+            assert dask.delayed(int)(4).compute() == 4  # this thread's: its cluster's
+        assert calls == ["cluster"]
+        assert dask.config.get("scheduler", None) is None
+    finally:
+        dask.config.set(scheduler=None)
+
+
 def add(a: float, b: float) -> float:
     return a + b
 
