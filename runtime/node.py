@@ -32,6 +32,7 @@ docs/security.md describes the roles, tokens and trust for users.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import copy
@@ -236,6 +237,10 @@ RECONNECT = 10.0
 #: worker warns that it was (``event loop blocked``); the manager's gateway warns of its
 #: own loop's stalls from the same length on
 LOOP_BLOCKED_WARN = 5.0
+#: Seconds a worker waits, once it saw its event loop was blocked, before it says why:
+#: the handler that notes a SIGCONT (a stop, not a block) runs in the loop's thread, and
+#: may run only after the loop saw the stall when the signal reached another thread
+CONTINUED_GRACE = 0.25
 #: Seconds a worker's probe of its manager's port (:func:`port_takes_connections`) waits
 #: for the TCP connection (the operating system accepts it, even for a stalled process)
 PROBE_TIMEOUT = 1.0
@@ -3640,14 +3645,20 @@ async def run_worker(
                 now = time.monotonic()
                 spill = worker.spill_during(now - seconds, now)
                 in_threads = bool(running) and worker.memory_config.execution != "process"
-                why = loop_blocked_why(
-                    seconds, now, continued[0], spill, in_threads, worker.busy_threads()
-                )
-                _log.warning(
-                    "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
-                    running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),
-                    why=why,
-                )  # fmt: skip
+                busy = worker.busy_threads()
+
+                def warn() -> None:
+                    why = loop_blocked_why(seconds, now, continued[0], spill, in_threads, busy)
+                    _log.warning(
+                        "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
+                        running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),
+                        why=why,
+                    )  # fmt: skip
+
+                # The why a moment later: a SIGCONT may reach another thread of this
+                # process first, and its handler (_note_continued) run in this one only
+                # after this look (CI 116: a stopped worker told of a block by nothing).
+                asyncio.get_running_loop().call_later(CONTINUED_GRACE, warn)
 
             async def reach(window: float, *, rejoin: bool) -> Peer:
                 """Join, trying again for ``window`` seconds after a failed try (with
