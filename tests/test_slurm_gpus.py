@@ -3,7 +3,9 @@ ones, ``Gres=gpu:4``): each block asks ``--gres=gpu:2``, Slurm gives its job two
 node's GPUs and sets its ``CUDA_VISIBLE_DEVICES``, and each worker of the block is pinned
 to one of those two (a pool's ``accelerators``), never to another block's GPU. A block
 whose job got fewer GPUs than its node's workers fails before any worker starts, saying
-what to ask for.
+what to ask for. A GPU block preempted mid-trial by an ``owner`` job comes back as the
+same block (requeued), its trials resume from their checkpoints, and each trial ran on
+a GPU Slurm gave its own job at that run, never one another trial held.
 
 Like tests/test_slurm.py: without a cluster that answers these tests skip, with
 ``CI=true`` they fail (CI starts the cluster); a cluster without GPUs (started by an older
@@ -12,22 +14,26 @@ Like tests/test_slurm.py: without a cluster that answers these tests skip, with
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from actors.providers import ACCELERATOR_VARIABLES, BlockSpec, BlockState
 from actors.slurm import TOO_FEW_GPUS, SlurmOptions
-from runtime import Cluster
+from runtime import Cluster, checkpoint, restore
 from runtime.cli_processes import Cli
 from runtime.errors import BatchSystemError
 from runtime.preflight import FAIL, PASS
 from tests.test_preflight import slurm_check
 from tests.test_slurm import (  # noqa: F401  (fixtures: skip, or fail under CI; the lock)
+    OWNER_JOB,
     cli,
     not_here,
     one_test_at_a_time,
@@ -36,6 +42,7 @@ from tests.test_slurm import (  # noqa: F401  (fixtures: skip, or fail under CI;
     slurm_conf,
     state_of,
 )
+from tests.test_slurm_fleet import fleet, retry_lines, status_where
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -187,3 +194,126 @@ async def test_a_block_asking_for_more_gpus_than_the_node_has_is_refused_naming_
     assert "Requested node configuration is not available" in refused.value.stderr
     assert f"scheduler_options ({line}: features and GRES the nodes have: " in str(refused.value)
     assert "`sinfo -o '%P %f %G'`" in str(refused.value)
+
+
+def trial(n: int, steps: int, locks: str) -> dict[str, Any]:
+    """A training trial of a sweep: it holds its GPU's lock while it runs (another
+    trial on the same GPU fails at once), saves a checkpoint after each one-second step
+    and resumes from the latest; it says where it ran and from which step it started."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    with open(Path(locks) / f"gpu{gpu or 'none'}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AssertionError(f"trial {n}: GPU {gpu!r} is held by another trial") from None
+        start = restore() or 0
+        for step in range(start, steps):
+            time.sleep(1.0)
+            checkpoint(step + 1)
+    return {
+        "trial": n, "gpu": gpu, "job": os.environ.get("SLURM_JOB_ID", ""),
+        "run": int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1, "resumed_from": start,
+    }  # fmt: skip
+
+
+def gpus_by_run(run_dir: Path) -> tuple[dict[tuple[str, int], set[str]], dict[str, str]]:
+    """What each run of each block's job was given, from the blocks' ``.err`` (appended
+    at each run: ``corral: block block-1, Slurm job 5, incarnation 2, node 0 on vm``,
+    then ``corral: Slurm gave this job the GPUs 0,1 here; ...``): (job, run) -> GPUs,
+    and each block's job (``gpu/block-1`` -> ``5``)."""
+    given: dict[tuple[str, int], set[str]] = {}
+    jobs: dict[str, str] = {}
+    for err in run_dir.glob("corral-slurm/*/gpu/*.err"):
+        at: tuple[str, int] | None = None
+        for line in err.read_text().splitlines():
+            head = re.match(r"corral: block \S+, Slurm job (\d+), incarnation (\d+)", line)
+            if head:
+                at = (head.group(1), int(head.group(2)))
+                jobs[f"gpu/{err.stem}"] = at[0]
+            gave = re.match(r"corral: Slurm gave this job the GPUs (\S+) here", line)
+            if gave and at is not None:
+                given[at] = set(gave.group(1).split(","))
+    return given, jobs
+
+
+GPU_SWEEP = """
+[pools.gpu]
+provider = "slurm"
+partition = "ckpt"               # PreemptMode=REQUEUE: a preempted block runs again
+min_blocks = 2
+init_blocks = 2
+max_blocks = 2
+workers_per_node = 2
+cores_per_worker = 1
+accelerators = 2
+scheduler_options = "#SBATCH --gres=gpu:2"
+any_pool_tasks = false
+walltime = "00:15:00"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_a_preempted_gpu_block_comes_back_and_its_trials_resume_on_its_own_gpus(
+    slurm_conf: str,  # noqa: F811
+    slurm: Callable[..., str],  # noqa: F811
+    node_gpus: int,
+    tmp_path: Path,
+) -> None:
+    """A sweep of six trials on two blocks of two GPU workers (the node's four GPUs):
+    mid-trial an ``owner`` job asking for two GPUs preempts one block. Its trials go
+    back to the queue free and resume from their checkpoints, the block comes back as
+    the same block (requeued, no budget spent) with its workers pinned to the GPUs of
+    its job's new run, and every trial finishes, each on a GPU of its own job's run,
+    no two at once on one GPU (their lock), with ``retries=0`` untouched."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    async with fleet(tmp_path, slurm_conf, GPU_SWEEP, 4, 360) as (cluster, _):
+        keys = [f"trial-{n}" for n in range(6)]
+        graph = {k: (trial, n, 25, str(locks)) for n, k in enumerate(keys)}
+        futures = await cluster.submit_graph(graph, keys, pool="gpu", retries=0)
+        # Four trials running, each some steps in: then the owner takes two GPUs.
+        await status_where(
+            cluster, lambda s: sum(s["processing"].values()) == 4
+            and s["checkpoints"]["saved"] >= 8,
+        )  # fmt: skip
+        owner = slurm(
+            "sbatch", "--parsable", "-p", "owner", "--gres=gpu:2", f"--job-name={OWNER_JOB}",
+            "-o", "/dev/null", "--wrap", "sleep 300",
+        ).strip()  # fmt: skip
+        st = await status_where(
+            cluster, lambda s: any(e["state"] == "requeued" for e in s["autoscaler"]["ends"])
+        )
+        slurm("scancel", owner)  # its GPUs free: the block runs again (cred_expire, 20 s)
+        st = await status_where(
+            cluster, lambda s: list(s["autoscaler"]["blocks"].values()) == ["running"] * 2
+            and len(s["workers"]) == 4,
+        )  # fmt: skip
+        told = {w.worker_id: w.accelerator for w in st["workers"]}
+        results = await cluster.gather(futures)
+        lost = await retry_lines(cluster, keys)
+        st = await cluster.status()
+    given, jobs = gpus_by_run(tmp_path / "work")
+    ends = st["autoscaler"]["ends"]
+    assert ends and {(e["state"], e["cause"], e["charged"]) for e in ends} == {
+        ("requeued", "preempted", False),
+    }, ends  # fmt: skip
+    assert st["autoscaler"]["budget_spent"] == 0, st["autoscaler"]
+    assert sorted(r["trial"] for r in results) == list(range(6)), results
+    for r in results:  # on a GPU of its own job's run
+        assert r["gpu"] in given[(r["job"], r["run"])], (r, given)
+    # Each block's job ran once more than it was requeued; the preempted block's workers
+    # rejoined pinned to the GPUs of its job's latest run.
+    for block, job in jobs.items():
+        runs = [run for (j, run) in given if j == job]
+        assert max(runs) == 1 + sum(e["block"] == block for e in ends), (block, given, ends)
+        for w in (f"{block.replace('/block', '')}.{i}" for i in range(2)):
+            assert told[w] in given[(job, max(runs))], (w, told, given)
+    assert len({told[w] for w in told}) == 4, told  # never two workers on one GPU
+    assert lost and all("worker lost (preempted); free retry" in why for _, why in lost), lost
+    resumed = {k for k, _ in lost}
+    assert all(r["resumed_from"] > 0 for r in results if f"trial-{r['trial']}" in resumed), (
+        results, lost,
+    )  # fmt: skip
+    assert st["checkpoints"]["resumed"] >= len(resumed), st["checkpoints"]
+    assert "erred" not in st["tasks_by_state"], st["tasks_by_state"]
