@@ -35,7 +35,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1002,8 +1002,22 @@ class _Run:
         #: and checkpoints saved, tries resumed from one, checkpoints lost
         self.unsaved = 0.0
         self.checkpointed = (0, 0, 0)
+        #: (category, tries, seconds) of the preempted tries (:data:`PREEMPTION`) of
+        #: tasks that saved no checkpoint in the run: their retries ran from the start
+        self.uncheckpointed: list[tuple[str, int, float]] = []
         if self.checkpoints_known:
             causes = ", ".join(f"'{c}'" for c in sorted(PREEMPTION))
+            self.uncheckpointed = [
+                (category, n, ran or 0.0)
+                for category, n, ran in conn.execute(
+                    "SELECT COALESCE(category, '?'), COUNT(*), "
+                    "SUM(COALESCE(unsaved, MAX(ended - started, 0.0))) "
+                    f"FROM {tries} WHERE run_id = ?{during} AND outcome = 'worker-lost' "
+                    f"AND cause IN ({causes}) AND NOT EXISTS (SELECT 1 FROM checkpoints c "
+                    "WHERE c.run_id = tries.run_id AND c.key = tries.key "
+                    "AND c.event = 'saved') GROUP BY 1 ORDER BY 3 DESC, 1", rid,
+                )
+            ]  # fmt: skip
             ((unsaved, resumed),) = conn.execute(
                 # (a row an older Corral wrote has no unsaved: all it ran counts)
                 f"SELECT SUM(CASE WHEN outcome = 'worker-lost' AND cause IN ({causes}) "
@@ -1686,6 +1700,19 @@ def _free_lost(conn: sqlite3.Connection) -> str:
     return f"(outcome IS 'worker-lost' AND cause IN ({causes}) AND {followed})"
 
 
+def uncheckpointed_hint(rows: Sequence[tuple[str, int, float]]) -> str:
+    """What the report says of preempted tries whose tasks saved no checkpoint (by
+    category: tries, seconds lost), and how to make such a task resume instead."""
+    each = "; ".join(f"{category}: {n} tr{'y' if n == 1 else 'ies'}, {ran:.1f} s"
+                     for category, n, ran in rows)  # fmt: skip
+    return (
+        f"tasks that saved no checkpoint ran again from the start: {each}. A task that "
+        "saves its progress with checkpoint(obj) or checkpoint_file(path) and reads it "
+        "back with restore() or restore_path() resumes from it after a preemption "
+        "(docs/files.md#checkpoints)"
+    )
+
+
 def _lost_cost_tables(run: _Run) -> list[_Table]:
     """What tries lost with their worker cost (:meth:`_Run._read_lost`), by cause: a
     line of totals for preemption (:data:`PREEMPTION`), a table per cause, the tasks
@@ -1715,6 +1742,9 @@ def _lost_cost_tables(run: _Run) -> list[_Table]:
         line += "; this file does not record checkpoints (schema version 7 or older)"
     n, remade = run.remade  # (lost with a worker of any cause: recoveries say none)
     line += f"; finished outputs lost with a worker and made again: {n}, {remade:.1f} s run again"
+    lines = [(line,)]
+    if run.uncheckpointed:
+        lines.append((uncheckpointed_hint(run.uncheckpointed),))
     rows = [
         (cause, n, f"{ran:.1f}", unknown, *(("-",) * 3 if not known else (free, charged, none)))
         for cause, n, ran, unknown, free, charged, none in run.lost
@@ -1727,7 +1757,7 @@ def _lost_cost_tables(run: _Run) -> list[_Table]:
               [], _NOTE)
     )  # fmt: skip
     return [
-        ((f"what preemption cost ({', '.join(sorted(PREEMPTION))})",), [(line,)], "preemption"),
+        ((f"what preemption cost ({', '.join(sorted(PREEMPTION))})",), lines, "preemption"),
         (("tries lost with their worker: cause", "tries", "seconds run", "no start recorded",
           "free retries", "charged retries", "not retried"), rows, ""),
         (("tasks moved to another pool: from", "to", "tasks", "tries"), list(run.moves), ""),

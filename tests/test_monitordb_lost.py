@@ -236,6 +236,14 @@ def test_the_report_gives_the_work_preemption_lost_net_of_checkpoints(tmp_path: 
         "charged, 0 not retried, 0 tasks moved; checkpoints: 3 saved, 2 tries resumed from "
         "one, 1 lost; finished outputs lost with a worker and made again: 0, 0.0 s run again"
     ) in build_report(db)
+    # The tasks that saved none ran again from the start: the report says how to resume
+    # (a user audit: a preempted sweep's trials re-ran whole, and nothing said why).
+    assert (
+        "tasks that saved no checkpoint ran again from the start: long: 1 try, 31.0 s; old: "
+        "1 try, 5.0 s. A task that saves its progress with checkpoint(obj) or "
+        "checkpoint_file(path) and reads it back with restore() or restore_path() resumes "
+        "from it after a preemption (docs/files.md#checkpoints)"
+    ) in build_report(db, text=True)
 
 
 def test_the_preemption_cost_counts_the_finished_outputs_made_again(tmp_path: Path) -> None:
@@ -264,6 +272,7 @@ def test_the_preemption_cost_counts_the_finished_outputs_made_again(tmp_path: Pa
     assert "finished outputs lost with a worker and made again: 2, 70.0 s run again" in (
         build_report(db)
     )
+    assert "saved no checkpoint" not in build_report(db)  # no try lost: nothing to say
 
 
 @pytest.mark.parametrize("version", [6, 7])
