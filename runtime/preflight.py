@@ -83,7 +83,7 @@ import anyio.abc
 import anyio.to_thread
 
 from actors.pools import PoolConfig, load_policies, local_workers
-from actors.providers import BlockSpec
+from actors.providers import ACCELERATOR_VARIABLES, BlockSpec
 from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
     SQUEUE_FORMAT,
@@ -165,8 +165,13 @@ PROBE_MARK = "CORRAL-PROBE "
 #: differ only there; absent in a Corral from before them, which the manager counts as
 #: protocol 0).
 PROBE_CODE = (
-    "import json, platform, sys\n"
+    "import json, os, platform, sys\n"
     "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
+    # the accelerator this worker's line pinned it to, as a worker tells it (its first
+    # accelerator variable set), and the GPUs Slurm gave the job (SLURM_JOB_GPUS)
+    f"out['accelerator'] = next((os.environ[k] for k in {ACCELERATOR_VARIABLES!r} "
+    "if os.environ.get(k)), '')\n"
+    "out['job_gpus'] = os.environ.get('SLURM_JOB_GPUS', '')\n"
     "try:\n"
     "    import dask, runtime, runtime.messages\n"
     "    out.update(corral=runtime.__version__, dask=dask.__version__)\n"
@@ -245,14 +250,48 @@ class Versions:
 
 def parse_probe_output(text: str) -> dict[str, Any] | None:
     """The probe's report (the last line it marked), or None if it printed none."""
-    for line in reversed(text.splitlines()):
+    reports = parse_probe_reports(text)
+    return reports[-1] if reports else None
+
+
+def parse_probe_reports(text: str) -> list[dict[str, Any] | None]:
+    """Every report the probe's workers printed (a marked line each, in order; None for
+    a marked line that is not a JSON object)."""
+    out: list[dict[str, Any] | None] = []
+    for line in text.splitlines():
         if line.startswith(PROBE_MARK):
             try:
                 data = json.loads(line[len(PROBE_MARK) :])
             except ValueError:
-                return None
-            return data if isinstance(data, dict) else None
-    return None
+                data = None
+            out.append(data if isinstance(data, dict) else None)
+    return out
+
+
+def judge_probe_gpus(pool: PoolConfig, reports: Sequence[dict[str, Any] | None]) -> tuple[str, str]:
+    """A Slurm pool with ``accelerators``: what its probe job's workers (one per worker a
+    node, each on its block script's line) were pinned to, as text for the probe's
+    detail, and what is wrong with it ("" when each took a GPU of its own)."""
+    devices = sorted(str((r or {}).get("accelerator", "")) for r in reports)
+    given = next((str(r.get("job_gpus")) for r in reports if r and r.get("job_gpus")), "")
+    seen = (
+        f"its {len(devices)} worker(s) pinned to GPU(s) {', '.join(d or '-' for d in devices)}"
+        + (
+            f" (Slurm gave the job the GPUs {given})"
+            if given
+            else " (Slurm named no GPU of the job)"
+        )
+    )
+    wrong = ""
+    if len(devices) < pool.workers_per_node:
+        short = pool.workers_per_node - len(devices)
+        wrong = f"{short} of its {pool.workers_per_node} workers printed no report"
+    elif "" in devices:
+        wrong = f"{devices.count('')} of its workers were pinned to no accelerator"
+    elif len(set(devices)) < len(devices):
+        twice = sorted({d for d in devices if devices.count(d) > 1})
+        wrong = f"two workers of the node were pinned to one GPU ({', '.join(twice)})"
+    return seen, wrong
 
 
 def _minor(version: str) -> str:
@@ -293,8 +332,11 @@ def compare_versions(mine: Versions, probe: Mapping[str, Any]) -> list[str]:
 _NAMES = (("python", "Python"), ("corral", "Corral"), ("dask", "dask"), ("protocol", "protocol"))
 
 
-def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str) -> CheckResult:
-    """The probe check's result from what the probe printed (None: nothing)."""
+def _judge_probe(
+    pool: str, report: dict[str, Any] | None, where: str, log: str, gpus: tuple[str, str] = ("", "")
+) -> CheckResult:
+    """The probe check's result from what the probe printed (None: nothing); ``gpus``:
+    what :func:`judge_probe_gpus` saw of a pool with accelerators, and what is wrong."""
     if report is None:
         advice = (
             "A command of the pool's worker_init failed on the node (its stderr above): "
@@ -327,7 +369,19 @@ def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str)
             "on PYTHONPATH or which venv it activates (docs/deployment.md, Upgrading "
             "Corral).",
         )  # fmt: skip
-    return CheckResult(pool, "probe", PASS, f"{seen}, as in the manager ({where})")
+    pinned, wrong_gpus = gpus
+    if wrong_gpus:
+        return CheckResult(
+            pool, "probe", FAIL, f"{seen}, as in the manager, but {wrong_gpus}: {pinned} ({where})",
+            "Each worker of the pool is pinned to a GPU of its own job: give the pool as "
+            "many accelerators as workers_per_node and ask Slurm for that many GPUs a node "
+            "(#SBATCH --gres=gpu:N in scheduler_options); see the probe's .err "
+            "(docs/deployment.md#gpus).",
+        )  # fmt: skip
+    return CheckResult(
+        pool, "probe", PASS,
+        f"{seen}, as in the manager" + (f"; {pinned}" if pinned else "") + f" ({where})",
+    )  # fmt: skip
 
 
 def check_local(pool: PoolConfig, timeout: float = 60.0) -> CheckResult:
@@ -1059,7 +1113,10 @@ def probe_slurm_pools(
     for pool in pools:
         base = run_dir / pool.name
         walltime = min(pool.walltime or 600.0, 600.0)
-        spec = BlockSpec(1, pool.cores_per_worker, pool.memory_per_worker, 0, pool.name)
+        # One worker, or with accelerators one a node, each pinned on its own line as
+        # the pool's blocks pin theirs: the probe says what each was pinned to.
+        workers = pool.workers_per_node if pool.accelerators else 1
+        spec = BlockSpec(workers, pool.cores_per_worker, pool.memory_per_worker, 0, pool.name)
         options = dataclasses.replace(pool.slurm_options(), walltime=walltime, nodes_per_block=1)
         script = base.with_suffix(".sh")
         script.write_text(_script(pool, base, options, spec))
@@ -1136,11 +1193,13 @@ def _reason(reason: str, before: str, after: str = "") -> str:
 
 def _finished(p: _Probe, exit_code: str) -> CheckResult:
     out = _read(p.out)
-    report = parse_probe_output(out)
+    reports = parse_probe_reports(out)
+    report = reports[-1] if reports else None
     where = f"Slurm job {p.job} {p.state}"
     if report is None and exit_code:
         where += f", {exit_text(exit_code)}"
-    return _judge_probe(p.pool.name, report, f"{where}, {p.out}", _read(p.err))
+    gpus = judge_probe_gpus(p.pool, reports) if p.pool.accelerators else ("", "")
+    return _judge_probe(p.pool.name, report, f"{where}, {p.out}", _read(p.err), gpus)
 
 
 def _read(path: Path) -> str:

@@ -45,8 +45,10 @@ from runtime.preflight import (
     check_partition,
     compare_versions,
     exit_code,
+    judge_probe_gpus,
     log_quick_checks,
     parse_probe_output,
+    parse_probe_reports,
     parse_sinfo,
     parse_test_only,
     render,
@@ -687,6 +689,37 @@ def test_the_real_probe_reports_the_protocol_of_the_corral_it_imports(tmp_path: 
     result = _judge_probe("cpu", report, "here", "")
     assert result.status == FAIL, result
     assert "Corral protocol 0 on the workers" in result.detail, result
+
+
+def test_the_probe_of_a_gpu_pool_says_which_gpu_each_worker_took() -> None:
+    """A user audit: `check --config` of a Slurm GPU pool said only the versions; which
+    GPU its workers get was seen only once they ran. The probe runs one worker a node,
+    each on its own line of the block script, and says what each was pinned to and what
+    Slurm gave the job; a worker pinned to none, or two to one GPU, fails it."""
+    pool = pools_from_dicts(
+        {"gpu": {"provider": "slurm", "workers_per_node": 2, "accelerators": 2}}
+    )["gpu"]
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE_CODE], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "3", "SLURM_JOB_GPUS": "2,3"},
+    )  # fmt: skip
+    (real,) = parse_probe_reports(run.stdout)
+    assert real is not None and (real["accelerator"], real["job_gpus"]) == ("3", "2,3"), run
+    one = {**real, "accelerator": "2"}
+    pinned = "its 2 worker(s) pinned to GPU(s) 2, 3 (Slurm gave the job the GPUs 2,3)"
+    assert judge_probe_gpus(pool, [real, one]) == (pinned, "")
+    got = _judge_probe("gpu", real, "Slurm job 7 COMPLETED", "", (pinned, ""))
+    assert got.status == PASS and f"as in the manager; {pinned} (Slurm job 7" in got.detail
+    seen, wrong = judge_probe_gpus(pool, [real, real])
+    assert wrong == "two workers of the node were pinned to one GPU (3)", seen
+    got = _judge_probe("gpu", real, "Slurm job 7 COMPLETED", "", (seen, wrong))
+    assert got.status == FAIL and "#SBATCH --gres=gpu:N" in got.advice, got
+    none = {**real, "accelerator": "", "job_gpus": ""}
+    assert judge_probe_gpus(pool, [real, none]) == (
+        "its 2 worker(s) pinned to GPU(s) -, 3 (Slurm gave the job the GPUs 2,3)",
+        "1 of its workers were pinned to no accelerator",
+    )
+    assert judge_probe_gpus(pool, [real])[1] == "1 of its 2 workers printed no report"
 
 
 def test_test_only_answers_are_parsed() -> None:

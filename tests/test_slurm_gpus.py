@@ -138,19 +138,23 @@ async def test_a_block_whose_job_got_too_few_gpus_fails_saying_what_to_ask_for(
     assert "joined" not in out, out  # no worker started
 
 
-def test_check_passes_a_gpu_pool_the_node_fits_and_fails_one_asking_for_more(
-    node_gpus: int, tmp_path: Path
-) -> None:
-    """``check --config``: the gpus check reads what the pools ask for; Slurm itself
-    refuses a pool asking for more GPUs a node than the node has (test-only)."""
-    config = f"""
+#: a pool of two workers a node, each pinned to one of the two GPUs its job asks for
+GPU_POOL = """
 [pools.gpu]
 provider = "slurm"
 partition = "ckpt"
 workers_per_node = 2
 accelerators = 2
 scheduler_options = "#SBATCH --gres=gpu:2"
-[pools.big]
+"""
+
+
+def test_check_passes_a_gpu_pool_the_node_fits_and_fails_one_asking_for_more(
+    node_gpus: int, tmp_path: Path
+) -> None:
+    """``check --config``: the gpus check reads what the pools ask for; Slurm itself
+    refuses a pool asking for more GPUs a node than the node has (test-only)."""
+    config = f"""{GPU_POOL}[pools.big]
 provider = "slurm"
 partition = "ckpt"
 workers_per_node = {node_gpus * 2}
@@ -174,6 +178,37 @@ scheduler_options = "#SBATCH --gres=gpu:1"
     assert got[("big", "gpus")]["status"] == PASS  # it asks for what its workers take
     few = got[("few", "gpus")]
     assert few["status"] == FAIL and TOO_FEW_GPUS in few["detail"], few
+
+
+def test_the_probe_of_a_gpu_pool_says_which_gpu_each_worker_took(
+    slurm: Callable[..., str],  # noqa: F811
+    node_gpus: int,
+    tmp_path: Path,
+) -> None:
+    """``check --config`` with its probe job: a pool of two workers a node pinned to one
+    GPU each, while another job holds two of the node's GPUs. The probe's workers are
+    pinned as the pool's blocks pin theirs, each to one of the GPUs Slurm gave the probe's
+    job (the other two), and the check says which (a user audit: it said only the
+    versions; which GPU a worker takes was seen only once it ran)."""
+    holder = slurm(
+        "sbatch", "--parsable", "-p", "ckpt", "--gres=gpu:2", f"--job-name={OWNER_JOB}",
+        "-o", "/dev/null", "--wrap", "sleep 300",
+    ).strip()  # fmt: skip
+    for _ in range(600):  # at most 60 s until it runs
+        if slurm("squeue", "-h", "-j", holder, "-o", "%T").strip() == "RUNNING":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"job {holder}, holding two GPUs, did not start within 60 s")
+    free = {str(i) for i in range(node_gpus)} - job_gpus(slurm, holder)
+    code, got, _ = slurm_check(tmp_path, GPU_POOL)
+    probe = got[("gpu", "probe")]
+    assert code == 0 and probe["status"] == PASS, probe
+    found = re.search(r"its 2 worker\(s\) pinned to GPU\(s\) (\S+), (\S+) \(Slurm gave the "
+                      r"job the GPUs (\S+)\)", probe["detail"])  # fmt: skip
+    assert found, probe
+    pinned = {found.group(1), found.group(2)}
+    assert pinned == set(found.group(3).split(",")) == free, (probe, free)
 
 
 async def test_a_block_asking_for_more_gpus_than_the_node_has_is_refused_naming_its_line(
