@@ -307,11 +307,14 @@ async def test_a_preempted_gpu_block_comes_back_and_its_trials_resume_on_its_own
         keys = [f"trial-{n}" for n in range(6)]
         graph = {k: (trial, n, 25, str(locks)) for n, k in enumerate(keys)}
         futures = await cluster.submit_graph(graph, keys, pool="gpu", retries=0)
-        # Four trials running, each some steps in: then the owner takes two GPUs.
-        await status_where(
-            cluster, lambda s: sum(s["processing"].values()) == 4
-            and s["checkpoints"]["saved"] >= 8,
+        # Four trials running, each some steps in: then the owner takes two GPUs. (A
+        # trial that failed, two workers pinned to one GPU, raises its error here.)
+        st = await status_where(
+            cluster, lambda s: s["tasks_by_state"].get("erred")
+            or (sum(s["processing"].values()) == 4 and s["checkpoints"]["saved"] >= 8),
         )  # fmt: skip
+        if st["tasks_by_state"].get("erred"):
+            await cluster.gather(futures)
         owner = slurm(
             "sbatch", "--parsable", "-p", "owner", "--gres=gpu:2", f"--job-name={OWNER_JOB}",
             "-o", "/dev/null", "--wrap", "sleep 300",
