@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import math
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from runtime.errors import (
     CorralError,
     FrameTooLarge,
     GraphError,
+    PermissionDenied,
     RunNoAnswer,
     RunNotSent,
     did_you_mean,
@@ -99,6 +101,7 @@ from runtime.messages import (
     StreamPart,
     SubmitGraphRequest,
     SubmitReply,
+    SubmitRoleGraphRequest,
     SubmitSpecs,
     TasksQuery,
     UndrainRequest,
@@ -326,8 +329,12 @@ class Manager(Actor):
         sizing: str = "",
         closed: str = "",
         fallback: Mapping[str, str] | None = None,
+        submit_max_priority: float = math.inf,
     ) -> None:
         self._scheduler = scheduler
+        #: the highest ``priority=`` a submit-token client's task may have
+        #: (``[scheduler] submit_max_priority``): a graph with one above it is refused
+        self.submit_max_priority = submit_max_priority
         #: the configured pools' ``fallback`` (``{pool: its fallback}``): put in the
         #: default retry policy whenever it is set without one (``pool_fallbacks``)
         self.fallback: dict[str, str] = dict(fallback or {})
@@ -428,6 +435,8 @@ class Manager(Actor):
             timeout=msg.timeout,
             notes=notes,
         )
+        if isinstance(msg, SubmitRoleGraphRequest):
+            self._within_submit_cap(specs)
         # a task no worker of its configured pool could run: refused; the pools named
         # that are not configured: the client is told of those no worker has joined
         # (a task of no pool that no configured pool's worker could run: the client is
@@ -438,6 +447,30 @@ class Manager(Actor):
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
         pieces = in_pieces(specs, msg.keys)
         return _Graph(specs, pieces, run_keys, fit.unconfigured, tuple(notes), fit.unplaced)
+
+    def _within_submit_cap(self, specs: Mapping[Key, TaskSpec]) -> None:
+        """Refuse a submit-token client's graph with a task of a ``priority=`` above
+        :attr:`submit_max_priority` (:class:`PermissionDenied`, nothing of it kept): on
+        a shared manager, one person's raised priority would put all their work ahead
+        of everyone else's, turns (the ``fair`` priority) or not."""
+        cap = self.submit_max_priority
+        if cap == math.inf:
+            return
+        above = [(key, spec.priority) for key, spec in specs.items() if spec.priority > cap]
+        if not above:
+            return
+        key, priority = above[0]
+        more = f" (and {len(above) - 1} more task(s) above it)" if len(above) > 1 else ""
+        raise PermissionDenied(
+            "SubmitGraphRequest",
+            f"task {str(key)!r} has priority={priority:g}{more}, above {cap:g}, the highest "
+            "this manager lets a client with the submit token give ([scheduler] "
+            "submit_max_priority): a higher priority runs ahead of everyone else's work "
+            "on the shared manager. Nothing of the graph was submitted. Submit it with "
+            f"priority <= {cap:g} (to order your own tasks, give the later ones a lower "
+            "priority, e.g. priority=-1), or ask the cluster's operator (who holds the "
+            "admin token) to raise it (the console's move KEY --priority N)",
+        )
 
     @handles(_Built)
     def built(self, msg: _Built) -> SubmitReply | Later:

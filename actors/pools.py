@@ -997,6 +997,7 @@ SCHEDULER_KEYS: Mapping[str, str] = {
     "policy_too_slow": "seconds > 0 (inf: never)",
     "story_length": "a whole number >= 1",
     "feed_length": "a whole number >= 1",
+    "submit_max_priority": "a number >= 0 (inf: no cap)",
 }
 
 #: SchedulerConfig's fields the manager sets itself, and where to set them instead

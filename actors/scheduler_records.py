@@ -7,6 +7,7 @@ checkpoint, the waits per pool and the failure records the dashboard groups. The
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -181,6 +182,11 @@ class SchedulerConfig:
     #: short) replaces its policy by the default one at once: half the 10 s after which
     #: workers and clients close a silent manager
     policy_too_slow: float = 5.0
+    #: the highest ``priority=`` a task of a submit-token client may have (the manager
+    #: refuses a graph with one above it, nothing of it kept); inf: no cap. Under the
+    #: ``fair`` priority a user's own priority ranks before the turns, so without a cap
+    #: one person's ``priority=5`` flood runs ahead of everyone else's work
+    submit_max_priority: float = math.inf
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
@@ -208,6 +214,11 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be seconds > 0 (inf: never), got {value!r}")
+        cap = self.submit_max_priority
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not cap >= 0:
+            raise ValueError(
+                f"submit_max_priority must be a number >= 0 (inf: no cap), got {cap!r}"
+            )
         turns = self.policy_slow_turns
         if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
             raise ValueError(f"policy_slow_turns must be a whole number >= 1, got {turns!r}")

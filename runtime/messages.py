@@ -359,6 +359,14 @@ class SubmitGraphRequest(Message):
 
 
 @message(local=True)
+class SubmitRoleGraphRequest(SubmitGraphRequest):
+    """Gateway -> manager, in the manager's process: a :class:`SubmitGraphRequest` as it
+    came from a connection with the submit token (``runtime.node._Door`` makes it), so
+    that the manager holds it to ``[scheduler] submit_max_priority``. Never sent by a
+    client: the gateway lets the submit role send only :class:`SubmitGraphRequest`."""
+
+
+@message(local=True)
 class SubmitSpecs(Message):
     """Manager -> scheduler: validated task specs and the keys clients want. ``specs``:
     the graph as a tuple of :class:`runtime.graph.SpecPiece` in dependency order

@@ -144,6 +144,7 @@ from runtime.messages import (
     StoryQuery,
     StoryRequest,
     SubmitGraphRequest,
+    SubmitRoleGraphRequest,
     TasksDone,
     TasksQuery,
     TasksStarted,
@@ -560,7 +561,7 @@ async def start_control_plane(
         plane.resolve, monitor=lambda: refs.get("monitor"),
         pools=shapes, reserved=config.reserved_pools,
         sizing="" if pools or fixed is None else fixed[2], closed=closed,
-        fallback=fallbacks(pools or {}),
+        fallback=fallbacks(pools or {}), submit_max_priority=config.submit_max_priority,
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
     if alerting is not None:
@@ -2154,6 +2155,10 @@ class _Door:
             await self._refused(msg, exc, asked=True)
             raise
         await self._paced(msg)
+        if self.role == "submit" and type(msg) is SubmitGraphRequest:
+            # the manager holds a submit-token graph to [scheduler] submit_max_priority
+            fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+            msg = SubmitRoleGraphRequest(**fields)
         try:
             return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
         except UnknownPolicyError as exc:

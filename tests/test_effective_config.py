@@ -74,7 +74,7 @@ def test_every_refused_scheduler_key_says_the_file_the_key_and_what_to_write() -
         "takeback_after, unreachable_for, stall_timeout, drain_period, walltime_grace, "
         "unknown_output, prune_depth, checkpoint_bytes, checkpoint_inline_bytes, "
         "policy_budget, policy_slow_turns, policy_slow_window, policy_too_slow, "
-        f"story_length, feed_length.{SEE_SCHEDULER}",
+        f"story_length, feed_length, submit_max_priority.{SEE_SCHEDULER}",
         f"{where} 'stall_timeout' must be seconds > 0, got '30'; did you mean "
         f"stall_timeout = 30.0 (a number, not a string)?{SEE_SCHEDULER}",
         f"{where} 'max_per_core' must be a whole number >= 1, got 2.0; did you mean "

@@ -265,6 +265,9 @@ CATALOGUES = {
     # counted by the scheduler and asked how far it is), SubmitSpecs.progress (local):
     # still version 3, not released
     "34b0a9b96ebe8f0964be450c303713ddf38fc28e587cb5bad6cd5ceab0813969": 3,
+    # SubmitRoleGraphRequest, the gateway's own marking of a submit-token connection's
+    # SubmitGraphRequest for the manager in its process: it never crosses
+    "b803eb4f5419c4bbb668025c6796b785a578ca1fd91d9c2a7b22ee56d62dd8d4": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
