@@ -533,7 +533,7 @@ class TaskState:
         #: the id of the client whose submission brought it ("": not known)
         self.client = ""
         #: its client's turn (``SchedulerState._take_turns``): the ``fair`` priority's
-        self.turn = 0
+        self.turn: float = 0
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)
@@ -751,7 +751,7 @@ class TaskStateView:
         return client_name(self._ts.client)
 
     @property
-    def turn(self) -> int:
+    def turn(self) -> float:
         return self._ts.turn
 
     @property

@@ -318,6 +318,7 @@ from policies import (
     params_of,
     values_text,
 )
+from policies.priority import FairPriority
 from policies.problems import PolicyProblems
 from policies.survival import Survival, kaplan_meier
 from runtime.client_ids import client_name
@@ -562,7 +563,7 @@ class _Submission:
     ``REUSED_NAMED``), how many, and how many known keys were compared (``_note_reuse``)."""
 
     generation: int
-    turn_base: int = 0
+    turn_base: float = 0
     reused: list[Key] = dataclasses.field(default_factory=list)
     reused_count: int = 0
     reuse_checks: int = 0
@@ -818,10 +819,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.generation = 0  #: submissions so far
         #: per client id, the turn after its latest task's (``_take_turns``); a client
         #: whose turns are all behind ``turn_floor`` is dropped from it
-        self.turns: dict[str, int] = {}
+        self.turns: dict[str, float] = {}
         #: the turn of the task sent to a worker latest: a client's next submission
         #: starts at it at the earliest (an idle client saves no turns)
-        self.turn_floor = 0
+        self.turn_floor = 0.0
         #: the submissions being taken in, by client and run (``GraphSubmitted.echo_to``,
         #: ``run``): the pieces of different submissions may come between each other's
         #: (the shell's intake serves clients in turn, and a client's submissions that
@@ -1586,7 +1587,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         turning = [t for t in new if t not in ahead] if ahead else new  # (cancelled: no turn)
         self._take_turns(turning, ev.echo_to, ev.continued)
         if continues:
-            _continue_generations(new, gen, self.turn_floor)
+            _continue_generations(new, gen, self.turn_floor, self._turn_step(ev.echo_to))
         # Count the wants first, so nothing a client asks for is forgotten while the new
         # tasks settle (a task on an erred input fails at once).
         wanted = [self.tasks[key] for key in ev.wanted]
@@ -1672,13 +1673,22 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._sub.turn_base = max(turns.get(client, 0), self.turn_floor)
         base = self._sub.turn_base
         end = turns.get(client, 0)
+        step = self._turn_step(client)
         for ts in new:
             ts.client = client
-            ts.turn = turn = base + ts.spec.order
+            ts.turn = turn = base + ts.spec.order * step
             if turn >= end:
-                end = turn + 1
+                end = turn + step
         if new:
             turns[client] = end
+
+    def _turn_step(self, client: str) -> float:
+        """The part of a turn each task of ``client`` takes: ``1 / share`` of its name
+        under the ``fair`` priority's ``shares`` (an operator's), else 1."""
+        policy = self.policies["priority"]
+        if isinstance(policy, FairPriority):
+            return 1.0 / policy.share(client_name(client))
+        return 1.0
 
     def _note_reuse(self, known: TaskSpec, spec: TaskSpec) -> None:
         """``spec`` came under the key of ``known``, a task the core has, which stands:
@@ -6331,7 +6341,9 @@ def _builtin(policy: object) -> bool:
     return type(policy).__module__.split(".")[0] == "policies"
 
 
-def _continue_generations(new: list[TaskState], gen: int, floor: int = 0) -> None:
+def _continue_generations(
+    new: list[TaskState], gen: int, floor: float = 0, step: float = 1.0
+) -> None:
     """A task of submission ``gen`` that reads outputs of earlier submissions continues
     their work: its generation (the priority policies' FIFO between submissions)
     becomes the latest of its inputs', when that is earlier than ``gen``; in dependency
@@ -6342,7 +6354,8 @@ def _continue_generations(new: list[TaskState], gen: int, floor: int = 0) -> Non
     graph's order is untouched. (No field of its own: a slot more on every task moved
     one-graph runs' set orders, tests/test_disk_stall.py's end-to-end stall among them.)
     Its client's turn (``fair``) moves up to that of its latest input of the same
-    client too, but never behind ``floor``, the turn being served, plus its graph order:
+    client too, but never behind ``floor``, the turn being served, plus its graph order
+    (each task ``step`` of a turn, its client's ``1 / share``):
     a turn long served would put the new work ahead of every other client's queue (a
     review: a client mapping over its finished futures ran all 3000 new tasks before
     another client's 10)."""
@@ -6355,7 +6368,7 @@ def _continue_generations(new: list[TaskState], gen: int, floor: int = 0) -> Non
                 # never behind the turn being served (its graph order on from it)
                 own = [d.turn for d in ts.deps if d.client == ts.client]
                 if own:
-                    turn = max(max(own), floor + ts.spec.order)
+                    turn = max(max(own), floor + ts.spec.order * step)
                     if turn < ts.turn:
                         ts.turn = turn
 

@@ -338,7 +338,7 @@ class TaskView(Protocol):
         ...
 
     @property
-    def turn(self) -> int:
+    def turn(self) -> float:
         """Its client's turn: a client's n-th task (in graph order) from when its
         submission came has a turn n further on than the turn being served then. The
         ``fair`` priority runs the smallest first, so clients take turns."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from policies.base import REGISTRY, CategoryStats, TaskView
@@ -31,6 +32,24 @@ class FairPriority:
     ``graph``."""
 
     name = "fair"
+
+    def __init__(self, shares: Mapping[str, float] | None = None) -> None:
+        shares = dict(shares or {})
+        for who, share in shares.items():
+            number = isinstance(share, int | float) and not isinstance(share, bool)
+            if not number or not math.isfinite(share) or not share > 0:
+                raise ValueError(
+                    f"shares maps client names to numbers > 0, got {who!r}: {share!r}: give "
+                    "each named client its share of the turns against 1 for the others, "
+                    "e.g. shares={'alice': 2}"
+                )
+        self.shares = {who: float(share) for who, share in shares.items()}
+
+    def share(self, client: str) -> float:
+        """The share of the turns of the client named ``client`` (1 unless named in
+        ``shares``): each of its tasks takes ``1 / share`` of a turn, so a client of
+        share 2 has two tasks sent for each one of a client of share 1."""
+        return self.shares.get(client, 1.0)
 
     def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]:
         return (-task.user_priority, task.turn, task.generation, task.order)

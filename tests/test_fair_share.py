@@ -15,8 +15,10 @@ import pytest
 
 from actors.scheduler_events import GraphSubmitted
 from actors.scheduler_records import TaskStateView
+from policies import REGISTRY
 from runtime import Cluster
 from runtime.client_ids import client_id, client_name
+from runtime.errors import PolicyParamsError
 from tests.helpers import Factory, assigned, event, finish, join, make_state, run, specs_for
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -205,3 +207,26 @@ def test_work_continuing_long_served_outputs_takes_new_turns(make_state: Factory
     # Before, every use-i kept load-i's long-served turn: all 8 ran first.
     assert kinds.index("small") <= 3 and kinds[-1] == "use", order
     assert all(s.tasks[u].turn >= 7 for u in uses if u in s.tasks)
+
+
+def test_an_operators_share_gives_a_named_client_more_turns(make_state: Factory) -> None:
+    """``fair(shares={"small": 2})``: each task of the client named ``small`` takes half
+    a turn, so it has two tasks sent for each one of the others' (the big client, share
+    1, keeps its own graph order). Before, the operator could give no one a share."""
+    s = make_state(
+        priority=REGISTRY.create("priority", "fair", {"shares": {"small": 2}}),
+        unknown_long=False,
+        saturation=1.0,
+    )
+    order = big_then_small(s)
+    assert [k.split("-")[0] for k in order] == (
+        ["big"] * 2 + ["small", "small", "big", "small"] + ["big"] * 5
+    )
+    assert [s.tasks[f"small-{i}"].turn for i in range(3)] == [1.0, 1.5, 2.0]
+
+
+def test_shares_are_numbers_above_zero() -> None:
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(PolicyParamsError, match="shares maps client names to numbers > 0"):
+            REGISTRY.create("priority", "fair", {"shares": {"alice": bad}})
+    assert REGISTRY.create("priority", "fair").share("anyone") == 1.0
