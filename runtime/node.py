@@ -144,6 +144,7 @@ from runtime.messages import (
     StoryQuery,
     StoryRequest,
     SubmitGraphRequest,
+    SubmitReply,
     SubmitRoleGraphRequest,
     TasksDone,
     TasksQuery,
@@ -1944,9 +1945,27 @@ _ITS_OWN = {
 }
 
 
-def _its_own(role: str, msg: Any, name: str) -> bool:
+#: runs submitted through the gateway with ``progress`` whose submitting connection it
+#: keeps (:attr:`Gateway.progress_runs`) until their client's last ``ProgressQuery``
+#: (``stop``): past it, the oldest is let go (a client that never asked its last one)
+MAX_PROGRESS_OWNERS = 1024
+
+#: why a submit connection may not ask the progress of a run another client submitted
+_NOT_ITS_RUN = (
+    "ProgressQuery of run {run!r} refused: a connection with the submit token asks the "
+    "progress of its own client's runs only ({name!r} did not submit it through this "
+    "manager); each compute under dask's callbacks asks its own"
+)
+
+
+def _its_own(role: str, msg: Any, name: str, owners: Mapping[str, str]) -> bool:
     """A worker speaks for itself only: its results, its memory, its leaving. A submit
-    connection submits, releases and cancels for its own client only (:data:`OWN_CLIENT`)."""
+    connection submits, releases and cancels for its own client only (:data:`OWN_CLIENT`),
+    and asks the progress of its own client's runs only (``owners``: run -> the client
+    that submitted it with ``progress``): the answer hands over the keys that ended since
+    the last ask, each once, and ``stop`` lets the run's counts go."""
+    if role == "submit" and type(msg) is ProgressQuery:
+        return owners.get(msg.run) == name
     if role == "worker" or (role == "submit" and type(msg) in OWN_CLIENT):
         field = _ITS_OWN[role][0]
         return getattr(msg, field, name if role == "worker" else None) == name
@@ -1957,6 +1976,8 @@ def _refusal(role: str, name: str, msg: Any) -> PermissionDenied:
     what = type(msg).__name__
     if role == "read":
         return PermissionDenied(what)
+    if role == "submit" and type(msg) is ProgressQuery:
+        return PermissionDenied(what, _NOT_ITS_RUN.format(run=msg.run, name=name))
     if role in _ITS_OWN and type(msg) in ALLOWED[role]:
         field, text = _ITS_OWN[role]
         return PermissionDenied(
@@ -2100,7 +2121,8 @@ class _Door:
         self.said_goodbye = False  #: a worker's WorkerGone came through (it left)
 
     def check(self, msg: Any) -> None:
-        if type(msg) in self.allowed and _its_own(self.role, msg, self.name):
+        owners = self.gateway.progress_runs
+        if type(msg) in self.allowed and _its_own(self.role, msg, self.name, owners):
             return
         raise _refusal(self.role, self.name, msg)
 
@@ -2160,12 +2182,18 @@ class _Door:
             fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
             msg = SubmitRoleGraphRequest(**fields)
         try:
-            return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+            reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
         except UnknownPolicyError as exc:
             if exc.kind not in KINDS:  # no such kind anywhere: nothing to register
                 raise
             # Registered in the asker's process, perhaps: it must be in this one.
             raise UnknownPolicyError(exc.kind, exc.name, exc.available, in_manager=True) from None
+        # (a submit-token graph goes on as a SubmitRoleGraphRequest, a SubmitGraphRequest)
+        if isinstance(msg, SubmitGraphRequest) and msg.progress and isinstance(reply, SubmitReply):
+            self.gateway.progress_owned(reply.run, self.name)
+        elif type(msg) is ProgressQuery and msg.stop:
+            self.gateway.progress_runs.pop(msg.run, None)
+        return reply
 
 
 @dataclasses.dataclass(eq=False)
@@ -2229,6 +2257,9 @@ class Gateway:
         self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
         self.refused_hellos = 0  #: connections refused at their Hello
         self.refused_messages = 0  #: messages refused at the door (all connections)
+        #: run -> the client connection that submitted it with ``progress`` (the only
+        #: submit connection that may ask its ``ProgressQuery``), till its last ask
+        self.progress_runs: dict[str, str] = {}
         self.closed_for_refusals = 0  #: connections closed for sending refused messages
         self.paced_reads = 0  #: reads that waited their turn (a connection over its pace)
         #: the manager's token file (its absolute path; "" if it has none), told to a
@@ -2241,6 +2272,14 @@ class Gateway:
         #: are not drops, and no worker id is held for a rejoin
         self.stopping = False
         plane.resolvers.append(self.resolve)
+
+    def progress_owned(self, run: str, client: str) -> None:
+        """``client``'s connection submitted ``run`` with ``progress``: it alone (of the
+        submit connections) may ask the run's ``ProgressQuery``."""
+        owners = self.progress_runs
+        owners[run] = client
+        while len(owners) > MAX_PROGRESS_OWNERS:
+            del owners[next(iter(owners))]
 
     def resolve(self, name: str) -> RemoteRef | None:
         peer = self.peers.get(name)

@@ -90,6 +90,7 @@ def test_the_submit_role_is_a_client_s_own_work_and_the_reads() -> None:
 
     class _Gateway:
         refused_messages = 0
+        progress_runs: dict[str, str] = {}
 
     submit = ALLOWED["submit"]
     assert ALLOWED["read"] < submit < ALLOWED["admin"]
@@ -127,9 +128,15 @@ def test_a_read_token_console_may_not_ask_a_compute_s_progress() -> None:
 
     class _Gateway:
         refused_messages = 0
+        progress_runs = {"run-1": "alice"}  # (alice's connection submitted run-1)
 
     for role in ("submit", "admin"):
         _Door(_Gateway(), None, role, "alice").check(ProgressQuery("run-1"))  # type: ignore[arg-type]
+    _Door(_Gateway(), None, "admin", "operator").check(ProgressQuery("run-1"))  # type: ignore[arg-type]
+    bob = _Door(_Gateway(), None, "submit", "bob")  # type: ignore[arg-type]
+    for msg in (ProgressQuery("run-1"), ProgressQuery("run-2", stop=True)):
+        with pytest.raises(PermissionDenied, match="asks the progress of its own client's"):
+            bob.check(msg)
     door = _Door(_Gateway(), None, "read", "console")  # type: ignore[arg-type]
     for msg in (ProgressQuery("run-1"), ProgressQuery("run-1", stop=True)):
         with pytest.raises(PermissionDenied, match="ProgressQuery"):
@@ -224,3 +231,52 @@ async def test_a_worker_with_the_submit_token_exits_1_saying_why(site: Site) -> 
             "this token is the submit token; workers need the worker token (the 'worker' entry"
             in out
         ), out
+
+
+@pytest.mark.anyio
+async def test_a_submit_token_client_may_not_ask_or_stop_another_client_s_progress(
+    site: Site, tmp_path: Path
+) -> None:
+    """A compute under dask's callbacks is counted as a run (``run-N``, numbered in
+    turn, listed by status); its client asks ``ProgressQuery`` of it. Another client
+    with the submit token asking it took the keys that ended since the last ask (each is
+    handed over once) or, with ``stop``, let the counts go: the compute's ProgressBar
+    never saw those tasks end. Only the client that submitted the run may ask it (the
+    admin token may ask any); the run's own client still sees every task end."""
+    import dask
+    from dask.callbacks import Callback
+
+    ended: list[Any] = []
+
+    class Ended(Callback):  # type: ignore[misc]
+        def _posttask(self, key: Any, *_: Any) -> None:
+            ended.append(key)
+
+    gate = tmp_path / "gate"
+    parts = [dask.delayed(held)(str(gate), dask_key_name=f"part-{i}") for i in range(2)]
+    with anyio.fail_after(LIMIT):
+        async with (
+            Cluster(site.address, token=site.tokens["submit"]) as alice,
+            Cluster(site.address, token=site.tokens["submit"]) as bob,
+        ):
+            await alice.wait_for_workers(1)
+            before = set((await bob.status())["recent_runs"])
+            async with anyio.create_task_group() as tg:
+
+                async def compute() -> None:
+                    with Ended():
+                        assert await alice.compute(*parts) == (0, 0)
+
+                tg.start_soon(compute)
+                runs: list[str] = []
+                while not runs:  # alice's run shows in status once it is submitted
+                    runs = [r for r in (await bob.status())["recent_runs"] if r not in before]
+                    await anyio.sleep(0.02)
+                (run,) = runs
+                for msg in (ProgressQuery(run), ProgressQuery(run, stop=True)):
+                    with pytest.raises(PermissionDenied, match="ProgressQuery of run"):
+                        await bob._manager.ask(msg)
+                await anyio.Path(gate).touch()
+            assert sorted(ended) == ["part-0", "part-1"]  # alice's bar saw both end
+            async with Cluster(site.address, token=site.tokens["admin"]) as operator:
+                assert await operator._manager.ask(ProgressQuery(run)) is None  # let go
