@@ -61,6 +61,8 @@ from actors.scheduler_events import (
     PolicyChanged,
     PolicyFailed,
     PolicyNoted,
+    ProgressAnswer,
+    ProgressAsked,
     ReplicasCopied,
     ReplicasMissing,
     Replicate,
@@ -1444,8 +1446,13 @@ class Scheduler(Actor):
 
     @handles(ProgressQuery)
     def progress_query(self, msg: ProgressQuery) -> dict[str, Any] | None:
-        """How far run ``msg.run`` is (``SchedulerState.progress_of``)."""
-        return self.state.progress_of(msg.run, stop=msg.stop)
+        """How far run ``msg.run`` is (the core's ``ProgressAnswer`` to a
+        ``ProgressAsked``: the answer hands the keys that ended over, once)."""
+        ev = ProgressAsked(current_causal_id(), self.clock.now(), msg.run, msg.stop)
+        commands = self.state.handle(ev)
+        answer = next(c for c in commands if type(c) is ProgressAnswer)
+        self._execute([c for c in commands if type(c) is not ProgressAnswer])
+        return answer.counts
 
     @handles(TasksQuery)
     def tasks_query(self, msg: TasksQuery) -> tuple[TaskRecord, ...]:

@@ -49,6 +49,8 @@ __all__ = [
     "PolicyChanged",
     "PolicyFailed",
     "PolicyNoted",
+    "ProgressAnswer",
+    "ProgressAsked",
     "ReplicasCopied",
     "ReplicasMissing",
     "Replicate",
@@ -119,7 +121,7 @@ class GraphSubmitted(Event):
     echo_to: str = ""
     final: bool = True
     run: str = ""
-    #: count how the submission's tasks move, for ``SchedulerState.progress_of(run)``
+    #: count how the submission's tasks move, for :class:`ProgressAsked` asks of ``run``
     progress: bool = False
 
 
@@ -288,6 +290,16 @@ class TasksMoved(Event):
     keys: tuple[Key, ...]
     pool: str | None = None
     priority: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgressAsked(Event):
+    """A client asks how far counted run ``run`` is (``ProgressQuery``): answered by a
+    :class:`ProgressAnswer`, which hands over the keys that ended since the last ask
+    (each is said once); ``stop``: the run's counts are let go after it."""
+
+    run: str
+    stop: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -752,6 +764,15 @@ class MoveAnswer(Command):
 
     moved: tuple[Key, ...]
     left: tuple[tuple[Key, str], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgressAnswer(Command):
+    """The answer to a :class:`ProgressAsked` (to the asker alone): ``counts`` is
+    ``ProgressQuery``'s reply (None: the run is not counted)."""
+
+    run: str
+    counts: dict[str, Any] | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

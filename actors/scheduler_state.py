@@ -249,6 +249,8 @@ from actors.scheduler_events import (
     PolicyChanged,
     PolicyFailed,
     PolicyNoted,
+    ProgressAnswer,
+    ProgressAsked,
     ReplicasCopied,
     ReplicasMissing,
     Replicate,
@@ -569,8 +571,11 @@ class _Submission:
     reuse_checks: int = 0
 
 
-#: runs counted for ``ProgressQuery`` at once: past it the oldest is let go (a client
-#: that asked and never came back for its counts holds no more than these)
+#: runs counted for ``ProgressQuery`` at once: past it one is let go (a client that
+#: asked and never came back for its counts holds no more than these): the oldest of
+#: those whose tasks all ended and were all handed over, else the oldest of those whose
+#: tasks all ended, else the oldest (:meth:`SchedulerState._progress_victim`); its
+#: client's next ask is answered None, and the client says so
 MAX_PROGRESS_RUNS = 64
 
 #: a state's place among ``RunProgress.counts``: waiting (any state not named), ready
@@ -3025,8 +3030,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         p = self.progress.get(ev.run)
         if p is None:
             if len(self.progress) >= MAX_PROGRESS_RUNS:  # a client that never came back
-                oldest = next(iter(self.progress))
-                self.progress.pop(oldest).gone = True
+                self.progress.pop(self._progress_victim()).gone = True
             p = self.progress[ev.run] = RunProgress()
         fresh = set(new)
         tracked = self._tracked
@@ -3071,21 +3075,32 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 p.counts[was] -= 1
                 p.counts[now] += 1
 
-    def progress_of(self, run: str, *, stop: bool = False) -> dict[str, Any] | None:
-        """How far counted run ``run`` is (``ProgressQuery``'s answer), its ``ended``
-        handed over (each ended task is said once); ``stop``: let it go after this.
-        ``None`` for a run not counted."""
-        p = self.progress.pop(run, None) if stop else self.progress.get(run)
-        if p is None:
-            return None
-        if stop:
-            p.gone = True
-        ended, p.ended = p.ended, []
-        waiting, ready, running = p.counts
-        return {
-            "total": p.total, "finished": p.finished, "erred": p.erred, "waiting": waiting,
-            "ready": ready, "running": running, "complete": p.complete, "ended": ended,
-        }  # fmt: skip
+    def _progress_victim(self) -> str:
+        """The counted run to let go for a new one: the oldest whose tasks all ended and
+        were all handed over (only its client's last ask is missing), else the oldest
+        whose tasks all ended, else the oldest (a bar that stops short: its client says
+        so)."""
+        done = [r for r, p in self.progress.items() if p.complete and p.finished == p.total]
+        told = next((r for r in done if not self.progress[r].ended), None)
+        return told or (done[0] if done else next(iter(self.progress)))
+
+    def _progress_asked(self, ev: ProgressAsked) -> None:
+        """How far counted run ``ev.run`` is (``ProgressQuery``'s answer, a
+        :class:`ProgressAnswer`), its ``ended`` handed over (each ended task is said
+        once); ``ev.stop``: let it go after this. ``None`` for a run not counted."""
+        p = self.progress.pop(ev.run, None) if ev.stop else self.progress.get(ev.run)
+        counts: dict[str, Any] | None = None
+        if p is not None:
+            if ev.stop:
+                p.gone = True
+            ended, p.ended = p.ended, []
+            waiting, ready, running = p.counts
+            counts = {
+                "total": p.total, "finished": p.finished, "erred": p.erred,
+                "waiting": waiting, "ready": ready, "running": running,
+                "complete": p.complete, "ended": ended,
+            }  # fmt: skip
+        self._out.append(ProgressAnswer(self._stimulus, ev.run, counts))
 
     def _served(self, ts: TaskState, wait: float) -> None:
         """``ts``, ready for ``wait`` seconds, is sent to ``ts.worker``: the wait counts
@@ -6497,6 +6512,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerUndrained: SchedulerState._worker_undrained,
     CategoryForgotten: SchedulerState._category_forgotten,
     TasksMoved: SchedulerState._tasks_moved,
+    ProgressAsked: SchedulerState._progress_asked,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
     StoppedWithCluster: SchedulerState._stopped_with_cluster,

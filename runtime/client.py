@@ -63,6 +63,7 @@ from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeysReused, KeyTaken
+from actors.scheduler_state import MAX_PROGRESS_RUNS
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
@@ -171,6 +172,14 @@ _log = get_logger("corral.client")
 
 #: Seconds the last ``ProgressQuery`` of a compute with dask callbacks may take.
 _PROGRESS_LAST = 2.0
+#: What a compute whose progress counts the scheduler let go logs: its bar stops there.
+PROGRESS_LET_GO = (
+    f"the scheduler counts the progress of at most {MAX_PROGRESS_RUNS} computes at once "
+    "(those made with dask callbacks active, such as a ProgressBar) and let this one's "
+    "go for a newer one (or the manager started again): its progress bar and callbacks "
+    "stop here, and the compute goes on to its result. Make fewer such computes at once "
+    "(docs/api.md#progress)"
+)
 
 #: Seconds :meth:`Cluster.run` gives each worker to answer, unless told otherwise.
 RUN_TIMEOUT = 30.0
@@ -3356,7 +3365,12 @@ class Cluster:
                     try:
                         while True:
                             await anyio.sleep(PROGRESS_EVERY)
-                            hooks.update(await self._manager.ask(ProgressQuery(run)))
+                            counts = await self._manager.ask(ProgressQuery(run))
+                            if counts is None:  # let go: the bar would freeze unsaid
+                                _log.warning("progress no longer counted", run=run,
+                                             advice=PROGRESS_LET_GO)  # fmt: skip
+                                return
+                            hooks.update(counts)
                     except Exception as exc:  # (a hook's or the ask's: the compute goes on)
                         _log.warning("progress not followed", run=run, error=repr(exc))
 

@@ -5,7 +5,9 @@ tasks end, on an in-process cluster and on worker processes, and ``finish`` on e
 
 from __future__ import annotations
 
+import asyncio
 import io
+import logging
 import threading
 import time
 from pathlib import Path
@@ -18,9 +20,11 @@ from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
 import runtime
+from actors.scheduler_state import MAX_PROGRESS_RUNS
 from runtime import Cluster
+from runtime.graph import TaskOptions
 from runtime.progress import Counted
-from tests.helpers import Cli, wait_until
+from tests.helpers import Cli, log_lines, wait_until
 
 LIMIT = 60
 
@@ -205,3 +209,38 @@ def test_the_counts_of_tasks_under_way_refuse_to_be_iterated() -> None:
         list(counted)
     with pytest.raises(TypeError, match="state\\['finished'\\] holds the keys"):
         _ = "x" in counted
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_a_compute_whose_counts_are_let_go_says_so_and_still_returns(
+    tmp_path: Path,
+) -> None:
+    """The scheduler counts at most MAX_PROGRESS_RUNS runs at once: as many more
+    submitted to be counted (as other clients' computes under callbacks are), none of
+    them ended, let the compute's counts go. Its client says so (before, its bar froze
+    without a word) and the compute still returns its value."""
+    gate = tmp_path / "gate"
+    rec = Record()
+    async with Cluster(workers=1, threads_per_worker=1) as cluster:
+        state = _scheduler_state(cluster)
+        with log_lines("corral", logging.WARNING) as logs:
+            with rec:
+                first = asyncio.ensure_future(
+                    cluster.compute(dask.delayed(gated)(0, str(gate), dask_key_name="first"))
+                )
+                await wait_until(lambda: state.progress, "the compute counted")
+            (run,) = state.progress
+            for i in range(MAX_PROGRESS_RUNS):  # counted runs of their own, under way
+                key = f"other-{i}"
+                cluster._client_actor.watch(key).holders += 1  # (held, as compute holds)
+                await cluster._submit({key: (gated, i, str(gate))}, [key], TaskOptions(),
+                                      progress=True)  # fmt: skip
+            said = await wait_until(
+                lambda: logs.with_("progress no longer counted"), "said", limit=20
+            )
+            gate.touch()
+            assert await first == 0
+    assert run in said and f"at most {MAX_PROGRESS_RUNS} computes at once" in said, said
+    assert rec.finished() == []  # told nothing after its counts were let go
+    assert [c[:2] for c in rec.calls if c[0] == "finish"] == [("finish", False)]
