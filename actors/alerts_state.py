@@ -1351,7 +1351,9 @@ class AlertState:
         #: before), oldest first
         self._history: dict[tuple[str, Labels], deque[tuple[float, float, float]]] = {}
         #: per counter ``increase`` reads, when it was last recorded; and every series of
-        #: them seen so far (a series first seen after a record counts from 0)
+        #: them seen so far (a series first seen after a record counts from 0; one seen
+        #: before, that went and came back, continues from its first sample back):
+        #: those of a counter no rule reads any more are let go (:meth:`_record`)
         self._watched: dict[str, float] = {}
         self._seen: set[tuple[str, Labels]] = set()
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
@@ -1689,7 +1691,9 @@ class AlertState:
         one such span at its start. A series that appears after the counter was
         recorded, and was never seen before, gets the base 0 at that record: Corral's
         counters appear at their first count (a task's first failure of a cause), so
-        all of their value is growth (Prometheus would need two samples of it)."""
+        all of their value is growth (Prometheus would need two samples of it). A counter
+        that no rule reads any more is let go whole: its history and its series seen (a
+        rule reading it again starts afresh, as at the manager's start)."""
         windows: dict[str, float] = {}
         for rule in self.rules.values():
             for v in _vectors(rule.parsed):
@@ -1716,6 +1720,8 @@ class AlertState:
                     points[-1] = (now, x, points[-1][2] + grown)
                 else:
                     points.append((now, x, grown))
+        if self._watched.keys() - windows.keys():  # no rule reads these counters now
+            self._seen = {key for key in self._seen if key[0] in windows}
         self._watched = dict.fromkeys(windows, now)
         for key, points in list(self._history.items()):
             window = windows.get(key[0])

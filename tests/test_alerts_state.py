@@ -526,6 +526,26 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
     assert n.alert.state == "resolved"
 
 
+def test_the_series_seen_of_a_counter_no_rule_reads_are_let_go() -> None:
+    """The series ``increase`` has seen are kept while a rule reads their counter (a
+    series that went and comes back continues from its first sample back, not from 0),
+    and let go with the last rule that reads it: before, they were kept for the life of
+    the manager, one per pool, category and cause ever counted."""
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    st.handle(Evaluate(0.0, failed({"cpu": 1})))
+    st.handle(Evaluate(60.0, failed({"cpu": 1, "gpu": 4})))  # a new series: 4 of growth
+    st.handle(Evaluate(700.0, failed({})))  # both went, past the 10 minutes
+    assert st._history == {}
+    key = ("corral_blocks_failed_total", (("pool", "gpu"),))
+    assert st._seen == {("corral_blocks_failed_total", (("pool", "cpu"),)), key}
+    assert st.handle(Evaluate(760.0, failed({"gpu": 4}))) == []  # back: no growth
+    assert st._history[key][-1][2] == 0.0
+    st.handle(RuleRemoved("CorralBlocksFailing", 800.0))
+    st.handle(Evaluate(820.0, failed({"cpu": 1, "gpu": 4})))
+    assert (st._seen, st._history) == (set(), {})
+
+
 def test_blocks_failing_says_why_the_latest_failed() -> None:
     """A user audit: CorralBlocksFailing said only that blocks of the pool keep failing;
     the reason (a worker_init that failed) was in a .err file nothing named. Its
