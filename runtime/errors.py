@@ -2454,7 +2454,22 @@ class CorralHomeDenied(CorralHomeError, PermissionError):
         CorralError.__init__(self, text, path=path, blocker=blocker, variable=variable, uid=uid)
 
 
-class TokenFileError(CorralError, ValueError):
+class _FileProblem(CorralError, ValueError):
+    """A file (``path``) that cannot be used, ``problem`` saying why and what to do: the
+    message is the class's :attr:`TEXT` with both put in (one constructor for the
+    errors that differ in their text alone)."""
+
+    #: the message, with ``{path}`` and ``{problem}``
+    TEXT = "{path}: {problem}"
+    path: str
+    problem: str
+
+    def __init__(self, path: str, problem: str) -> None:
+        text = self.TEXT.format(path=path, problem=problem)
+        super().__init__(text, path=path, problem=problem)
+
+
+class TokenFileError(_FileProblem):
     """The token file given (``--token-file PATH`` of a worker or console,
     ``Cluster(address, token_file=PATH)``) cannot be used: missing, a directory, empty,
     open to other users (group or others may read or change it: as ssh refuses a
@@ -2462,11 +2477,7 @@ class TokenFileError(CorralError, ValueError):
     (``--token``, ``token=``). ``problem`` says which and what to do; it never quotes
     the file's text."""
 
-    path: str
-    problem: str
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"token file {path}: {problem}", path=path, problem=problem)
+    TEXT = "token file {path}: {problem}"
 
 
 # ----------------------------------------------------------------------------- console
@@ -2798,35 +2809,19 @@ class Refusals:
 __all__ += ["Refusals"]
 
 
-class MonitoringDBError(CorralError, ValueError):
+class MonitoringDBError(_FileProblem):
     """``path`` cannot be used as a monitoring database: it is missing, not an SQLite
     file, not one Corral wrote, or of another schema version; ``problem`` says which
     and what to do."""
 
-    path: str
-    problem: str
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(
-            f"monitoring database {path}: {problem} (see docs/monitoring.md#monitoring-database)",
-            path=path,
-            problem=problem,
-        )
+    TEXT = "monitoring database {path}: {problem} (see docs/monitoring.md#monitoring-database)"
 
 
-class ReportOutputError(CorralError, ValueError):
+class ReportOutputError(_FileProblem):
     """The report cannot be written to ``path`` (``-o``): ``problem`` says why and what
     to do. Said before the report is built; nothing is written at ``path``."""
 
-    path: str
-    problem: str
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(
-            f"report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)",
-            path=path,
-            problem=problem,
-        )
+    TEXT = "report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)"
 
 
 class ReportRunError(MonitoringDBError):
@@ -2836,13 +2831,7 @@ class ReportRunError(MonitoringDBError):
     ``problem`` says which, with the runs the file holds (as ``--list`` shows them) and
     what to give instead. Nothing is written. A :class:`MonitoringDBError` too."""
 
-    def __init__(self, path: str, problem: str) -> None:
-        CorralError.__init__(
-            self,
-            f"monitoring database {path}: {problem} (see docs/monitoring.md#report)",
-            path=path,
-            problem=problem,
-        )
+    TEXT = "monitoring database {path}: {problem} (see docs/monitoring.md#report)"
 
 
 class PruneDepthError(CorralError, ValueError):

@@ -657,3 +657,29 @@ def test_the_text_report_s_95th_percentile_is_the_nearest_rank(tmp_path: Path) -
     table = lines.index(next(ln for ln in lines if ln.startswith("durations of successful")))
     assert lines[table + 1].split() == ["fit", "20", "10.500", "19.000", "20.000", "0.05833", "1"]
     assert lines[table + 2 :] == []
+
+
+@pytest.mark.timeout(10)
+def test_the_file_errors_say_their_file_and_problem_and_travel_whole() -> None:
+    """TokenFileError, MonitoringDBError, ReportRunError and ReportOutputError: one
+    constructor (``path``, ``problem``) each puts in its own text; each is a ValueError,
+    keeps both fields and pickles whole (an error of the manager reaches a console)."""
+    import pickle
+
+    from runtime.errors import ReportOutputError, ReportRunError, TokenFileError
+
+    texts = {
+        TokenFileError: "token file /t: {x}",
+        MonitoringDBError: "monitoring database /t: {x} (see docs/monitoring.md#monitoring-"
+        "database)",
+        ReportRunError: "monitoring database /t: {x} (see docs/monitoring.md#report)",
+        ReportOutputError: "report output /t: {x}; nothing was written (see docs/monitoring."
+        "md#report)",
+    }
+    for cls, text in texts.items():
+        err = cls("/t", problem="{x}")  # (braces in a problem stay as they are)
+        back = pickle.loads(pickle.dumps(err))
+        for e in (err, back):
+            assert type(e) is cls and isinstance(e, ValueError)
+            assert (str(e), e.path, e.problem) == (text, "/t", "{x}")
+    assert isinstance(ReportRunError("/t", "p"), MonitoringDBError)
