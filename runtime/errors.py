@@ -110,7 +110,7 @@ class CorralError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self.fields))
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # (before KeyError's, which quotes it, in a subclass's MRO)
         return self.message
 
 
@@ -496,9 +496,6 @@ class MissingKeysError(GraphError, KeyError):
             )
             super().__init__(text, missing=missing, requested=False)
 
-    def __str__(self) -> str:  # KeyError would otherwise quote the message
-        return self.message
-
 
 class ShuffleMethodError(GraphError):
     """A graph has a dask shuffle Corral cannot run correctly: dask's disk (partd)
@@ -588,9 +585,6 @@ class UnknownPolicyError(CorralError, KeyError):
             in_config=in_config,
         )
 
-    def __str__(self) -> str:
-        return self.message
-
 
 class UnknownCategory(CorralError, KeyError):
     """``forget CATEGORY`` (``ForgetCategoryRequest``) named a task category the
@@ -611,9 +605,6 @@ class UnknownCategory(CorralError, KeyError):
             category=category,
             known=len(names),
         )
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class PolicyParamsError(CorralError, TypeError):

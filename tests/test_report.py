@@ -683,3 +683,19 @@ def test_the_file_errors_say_their_file_and_problem_and_travel_whole() -> None:
             assert type(e) is cls and isinstance(e, ValueError)
             assert (str(e), e.path, e.problem) == (text, "/t", "{x}")
     assert isinstance(ReportRunError("/t", "p"), MonitoringDBError)
+
+
+@pytest.mark.timeout(10)
+def test_the_key_errors_say_their_text_unquoted() -> None:
+    """The errors that are KeyErrors too (a missing key, an unknown policy or category)
+    say their message as it is: KeyError's str() would quote it (CorralError's comes
+    first in their MRO, once for all of them)."""
+    from runtime.errors import MissingKeysError, UnknownCategory, UnknownPolicyError
+
+    for err in (
+        MissingKeysError(["k"], requested=True),
+        UnknownPolicyError("priority", "nope", ["fifo"]),
+        UnknownCategory("nope", ["inc"]),
+    ):
+        assert isinstance(err, KeyError)
+        assert str(err) == err.message and not str(err).startswith(("'", '"')), str(err)
