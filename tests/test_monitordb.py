@@ -113,8 +113,13 @@ def boom(x: int) -> int:
 # ----------------------------------------------------------------------------- embedded
 
 
-def nap(x: int) -> int:
-    time.sleep(0.4)  # longer than a feed read's period: each task spans several reads
+def after_tries(x: int, db: str, n: int) -> int:
+    """Return ``x + 1`` once ``db`` holds ``n`` tries (bounded: 30 s): the try of the
+    task before it (its input) was written by a feed read while that input was still
+    held, so each task but the last spans a feed read, on a machine loaded or not."""
+    deadline = time.monotonic() + 30
+    while _count(Path(db), "SELECT count(*) FROM tries") < n and time.monotonic() < deadline:
+        time.sleep(0.01)
     return x + 1
 
 
@@ -134,8 +139,8 @@ async def test_a_task_is_one_row_write_per_interval_however_many_feed_reads_it_s
         "INSERT INTO task_writes VALUES (new.key); END;"
     )
     conn.close()
-    dsk: dict[Hashable, Any] = {"nap-0": (nap, 0)}
-    dsk.update({f"nap-{i}": (nap, f"nap-{i - 1}") for i in range(1, 4)})
+    dsk: dict[Hashable, Any] = {"nap-0": (after_tries, 0, str(db), 0)}
+    dsk.update({f"nap-{i}": (after_tries, f"nap-{i - 1}", str(db), i) for i in range(1, 4)})
     with anyio.fail_after(LIMIT):
         # One full poll at the start, the next one after the run: the tasks' rows are
         # written once, when the cluster stops.

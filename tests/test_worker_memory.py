@@ -393,12 +393,20 @@ def test_the_start_warning_says_the_floor_the_marks_and_what_to_do() -> None:
 
 
 async def ticks(n: int) -> None:
-    """Return once a ticker on the event loop has ticked ``n`` times (10 ms apart):
-    the loop ran meanwhile. The caller bounds the wait."""
-    count = 0
-    while count < n:
-        await anyio.sleep(0.01)
-        count += 1
+    """Return once a ticker of its own on the event loop has ticked ``n`` times (10 ms
+    apart): the loop ran meanwhile, whatever the caller's own flow does. The wait is a
+    bounded poll of the ticker's count (``wait_until``), not a sleep."""
+    count = [0]
+
+    async def ticker() -> None:
+        while True:
+            await anyio.sleep(0.01)
+            count[0] += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await wait_until(lambda: count[0] >= n, f"{n} ticks of the loop", limit=GATE)
+        tg.cancel_scope.cancel()
 
 
 @asynccontextmanager
