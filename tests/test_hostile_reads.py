@@ -164,3 +164,46 @@ async def test_a_console_that_floods_asks_is_stopped_at_its_sender(tmp_path: Pat
 
             await wait_until(welcomed, "a Hello under the flood's name welcomed", limit=5, step=0.1)
         assert manager.poll() is None
+
+
+async def test_a_worker_connection_past_max_asks_loses_no_ask_and_stays_joined(
+    tmp_path: Path,
+) -> None:
+    """A worker-token connection has the MAX_ASKS bound (its asks: PeerQuery, answered
+    from the gateway's table) without the read role's reply room. A worker that sends
+    2,000 of them and reads nothing meanwhile (stalled) has MAX_ASKS served and the rest
+    wait unread; once it reads again, every ask is answered exactly once and its tell
+    after them is taken: nothing lost, the worker still joined. (It cannot deadlock: a
+    worker posts its tells to the scheduler without waiting, so its reading never waits
+    for the manager's.)"""
+    from runtime.messages import WorkerHolds
+    from runtime.node import PeerQuery, WorkerInfo
+    from runtime.remote import to_wire
+    from transport import connect
+
+    n = 2000
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(90):
+        manager, address = await anyio.to_thread.run_sync(cli.manager)
+        token = cli.tokens(address)["worker"]
+        info = WorkerInfo("ws://127.0.0.1:2", 1, 0)  # (an id: nothing listens there)
+        conn = await connect(address, token=token)
+        try:
+            await conn.send(Frame(Hello("worker", info.worker_id, info)))
+            assert type((await conn.receive()).msg) is Welcome
+            for i in range(n):  # nothing read meanwhile
+                await conn.send(Frame(PeerQuery(info.worker_id), request_id=i + 1))
+            answered: dict[int, int] = {}
+            while len(answered) < n:
+                frame = await conn.receive()
+                if frame.reply_to:
+                    assert frame.msg == info, frame.msg
+                    answered[frame.reply_to] = answered.get(frame.reply_to, 0) + 1
+            assert sorted(answered) == list(range(1, n + 1))
+            assert set(answered.values()) == {1}
+            await conn.send(Frame(to_wire(WorkerHolds(info.worker_id, (), ()))))
+            async with Cluster(address) as cluster:
+                status = await cluster.status()
+                assert info.worker_id in [w.worker_id for w in status["workers"]]
+        finally:
+            await conn.aclose()
+        assert manager.poll() is None
