@@ -3357,19 +3357,26 @@ class Cluster:
             hooks = Hooks(callbacks, graph)
             errored = True
             run = ""
+            let_go: list[bool] = []  # said: the run's counts were let go
+
+            def said_let_go() -> None:
+                let_go.append(True)
+                _log.warning("progress no longer counted", run=run, advice=PROGRESS_LET_GO)
+
             try:
                 hooks.start()
                 run = await self._submit(graph, flat, opts, inputs, progress=True)
 
                 async def follow() -> None:
+                    counted = False  # (None before the first counts: not taken in yet)
                     try:
                         while True:
                             await anyio.sleep(PROGRESS_EVERY)
                             counts = await self._manager.ask(ProgressQuery(run))
-                            if counts is None:  # let go: the bar would freeze unsaid
-                                _log.warning("progress no longer counted", run=run,
-                                             advice=PROGRESS_LET_GO)  # fmt: skip
+                            if counts is None and counted:  # let go: the bar would freeze
+                                said_let_go()
                                 return
+                            counted = counts is not None
                             hooks.update(counts)
                     except Exception as exc:  # (a hook's or the ask's: the compute goes on)
                         _log.warning("progress not followed", run=run, error=repr(exc))
@@ -3392,6 +3399,8 @@ class Cluster:
                         except Exception as exc:  # (the compute's own error is raised)
                             _log.warning("progress counts not got", run=run, error=repr(exc))
                         else:
+                            if last is None and not let_go:  # let go before its first counts
+                                said_let_go()
                             hooks.update(last)
                 hooks.finish(errored)
 

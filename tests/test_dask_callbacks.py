@@ -219,28 +219,51 @@ async def test_a_compute_whose_counts_are_let_go_says_so_and_still_returns(
     """The scheduler counts at most MAX_PROGRESS_RUNS runs at once: as many more
     submitted to be counted (as other clients' computes under callbacks are), none of
     them ended, let the compute's counts go. Its client says so (before, its bar froze
-    without a word) and the compute still returns its value."""
+    without a word) and the compute still returns its values."""
     gate = tmp_path / "gate"
+    quick = dask.delayed(square)(3, dask_key_name="quick")
+    held = dask.delayed(gated)(0, str(gate), dask_key_name="held")
     rec = Record()
-    async with Cluster(workers=1, threads_per_worker=1) as cluster:
+    async with Cluster(workers=1, threads_per_worker=2) as cluster:
         state = _scheduler_state(cluster)
         with log_lines("corral", logging.WARNING) as logs:
             with rec:
-                first = asyncio.ensure_future(
-                    cluster.compute(dask.delayed(gated)(0, str(gate), dask_key_name="first"))
-                )
-                await wait_until(lambda: state.progress, "the compute counted")
+                first = asyncio.ensure_future(cluster.compute(quick, held))
+                # its client had counts: "quick" was told ended
+                await wait_until(lambda: rec.finished() == ["quick"], "quick told", limit=20)
             (run,) = state.progress
             for i in range(MAX_PROGRESS_RUNS):  # counted runs of their own, under way
                 key = f"other-{i}"
                 cluster._client_actor.watch(key).holders += 1  # (held, as compute holds)
                 await cluster._submit({key: (gated, i, str(gate))}, [key], TaskOptions(),
                                       progress=True)  # fmt: skip
-            said = await wait_until(
-                lambda: logs.with_("progress no longer counted"), "said", limit=20
-            )
+            told = lambda: logs.with_("progress no longer counted")  # noqa: E731
+            said = await wait_until(told, "the let-go said", limit=20)
             gate.touch()
-            assert await first == 0
+            assert await first == (9, 0)
     assert run in said and f"at most {MAX_PROGRESS_RUNS} computes at once" in said, said
-    assert rec.finished() == []  # told nothing after its counts were let go
+    assert rec.finished() == ["quick"]  # told nothing after its counts were let go
     assert [c[:2] for c in rec.calls if c[0] == "finish"] == [("finish", False)]
+    assert len([ln for ln in logs.lines if "progress no longer counted" in ln]) == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_a_compute_followed_to_its_end_says_nothing_of_a_let_go(
+    tmp_path: Path,
+) -> None:
+    """A compute whose counts were never let go says no 'progress no longer counted'
+    (an ask answered None before the scheduler took its graph in, behind another
+    graph's pieces, is not a let-go either: the client says it only once it had counts,
+    or when its last ask finds none); its tasks are each told."""
+    gate = tmp_path / "gate"
+    parts = [dask.delayed(gated)(i, str(gate), dask_key_name=f"p-{i}") for i in range(2)]
+    rec = Record()
+    async with Cluster(workers=1, threads_per_worker=2) as cluster:
+        with log_lines("corral", logging.WARNING) as logs, rec:
+            compute = asyncio.ensure_future(cluster.compute(*parts))
+            await wait_until(lambda: _scheduler_state(cluster).progress, "counted")
+            gate.touch()
+            assert await compute == (0, 1)
+    assert sorted(rec.finished()) == ["p-0", "p-1"]
+    assert not logs.has("progress no longer counted"), logs.lines
