@@ -2445,10 +2445,11 @@ class CorralHomeDenied(CorralHomeError, PermissionError):
         CorralError.__init__(self, text, path=path, blocker=blocker, variable=variable, uid=uid)
 
 
-class _FileProblem(CorralError, ValueError):
-    """A file (``path``) that cannot be used, ``problem`` saying why and what to do: the
-    message is the class's :attr:`TEXT` with both put in (one constructor for the
-    errors that differ in their text alone)."""
+class _FileProblem:
+    """The constructor of the errors (before :class:`CorralError` in their bases) about
+    a file (``path``) that cannot be used, ``problem`` saying why and what to do: the
+    message is the class's :attr:`TEXT` with both put in. Not an exception class of its
+    own (every one of those is public, re-exported by ``runtime``)."""
 
     #: the message, with ``{path}`` and ``{problem}``
     TEXT = "{path}: {problem}"
@@ -2457,10 +2458,10 @@ class _FileProblem(CorralError, ValueError):
 
     def __init__(self, path: str, problem: str) -> None:
         text = self.TEXT.format(path=path, problem=problem)
-        super().__init__(text, path=path, problem=problem)
+        super().__init__(text, path=path, problem=problem)  # type: ignore[call-arg]
 
 
-class TokenFileError(_FileProblem):
+class TokenFileError(_FileProblem, CorralError, ValueError):
     """The token file given (``--token-file PATH`` of a worker or console,
     ``Cluster(address, token_file=PATH)``) cannot be used: missing, a directory, empty,
     open to other users (group or others may read or change it: as ssh refuses a
@@ -2800,7 +2801,7 @@ class Refusals:
 __all__ += ["Refusals"]
 
 
-class MonitoringDBError(_FileProblem):
+class MonitoringDBError(_FileProblem, CorralError, ValueError):
     """``path`` cannot be used as a monitoring database: it is missing, not an SQLite
     file, not one Corral wrote, or of another schema version; ``problem`` says which
     and what to do."""
@@ -2808,7 +2809,7 @@ class MonitoringDBError(_FileProblem):
     TEXT = "monitoring database {path}: {problem} (see docs/monitoring.md#monitoring-database)"
 
 
-class ReportOutputError(_FileProblem):
+class ReportOutputError(_FileProblem, CorralError, ValueError):
     """The report cannot be written to ``path`` (``-o``): ``problem`` says why and what
     to do. Said before the report is built; nothing is written at ``path``."""
 
