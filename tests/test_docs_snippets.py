@@ -39,6 +39,7 @@ SNIPPETS = [
     ("files.md", 'await cluster.set_policy("priority", "consumers-first")'),
     ("files.md", "async with Cluster(workers=8, prune_depth=2) as cluster:"),
     ("files.md", "def stage(path):"),  # staging inputs from shared storage
+    ("files.md", "def extract(image: str, results: str) -> str:"),  # outputs outlive a preemption
     ("api.md", "def count_rows(table: File) -> int:"),  # Coming from Parsl: no port
     ("api.md", 'da.to_npy_stack("stack", x)'),  # a library call that computes inside
     ("api.md", "async def progress(cluster: Cluster, every: float = 2.0) -> None:"),
