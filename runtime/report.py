@@ -1159,6 +1159,13 @@ class _Run:
             so_far[kind] += nbytes / 2**20
             lines[kind].add(at - self.t0, so_far[kind])
         self.copied = {kind: line.done() for kind, line in lines.items()}
+        # Copies off workers that left or drained (each output, at each worker's end,
+        # again: short-lived blocks pass a fan-in's inputs on, block after block).
+        copies, outputs, nbytes = conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT key), TOTAL(bytes) FROM transfers "
+            f"WHERE run_id = ? AND kind = 'evacuation'{during}", rid
+        ).fetchone()  # fmt: skip
+        self.evacuated: tuple[int, int, float] = (copies, outputs, nbytes)
         return sum(n for _, n in counts)
 
     def _read_queues(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -1742,6 +1749,11 @@ def _lost_cost_tables(run: _Run) -> list[_Table]:
         line += "; this file does not record checkpoints (schema version 7 or older)"
     n, remade = run.remade  # (lost with a worker of any cause: recoveries say none)
     line += f"; finished outputs lost with a worker and made again: {n}, {remade:.1f} s run again"
+    copies, outputs, nbytes = run.evacuated
+    line += (
+        f"; outputs copied off workers that left or drained: {copies} copies of {outputs} "
+        f"outputs, {nbytes / 2**20:.2f} MiB"
+    )
     lines = [(line,)]
     if run.uncheckpointed:
         lines.append((uncheckpointed_hint(run.uncheckpointed),))
