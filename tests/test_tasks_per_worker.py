@@ -50,13 +50,16 @@ from actors.autoscaler_state import (
 from actors.autoscaler_state import Tick as Waited
 from actors.pools import pools_from_dicts
 from actors.scheduler_events import (
+    Evacuate,
     Execute,
     FileFacts,
     GraphSubmitted,
     KeyDone,
+    Replicate,
     RetireWorker,
     Tick,
     WorkerJoined,
+    WorkerLeaving,
     WorkerLeft,
 )
 from actors.scheduler_records import SchedulerConfig
@@ -153,6 +156,45 @@ def test_an_input_a_drained_worker_alone_holds_is_kept_until_its_reader_has_it(
     assert of(cmds, KeyDone) == [KeyDone(sid, "b", "w2", 100)]
     assert of(cmds, RetireWorker) == [RetireWorker(sid, "w1", "drained")]
     assert [len(s.tasks[k].tries) for k in "ab"] == [1, 1]
+
+
+def test_a_drained_workers_kept_output_goes_to_a_worker_without_a_task_limit(
+    make_state: Factory,
+) -> None:
+    """A user audit (astro, on Slurm): with ``tasks_per_worker = 10`` each drained
+    worker copied what only it held to the next fresh worker, which drained in its turn
+    and copied it all on: 191 outputs copied 1,666 times. ``w1`` (``fresh``, one task)
+    keeps ``a`` for the client; of the workers taking tasks, fresh ``w2`` holds nothing
+    and ``o1`` (``owner``, no limit) holds ``b``: the copy goes to ``o1``, where it stays,
+    not to ``w2``, which would copy it on after its own task."""
+    s = make_state(saturation=1.0, tasks_per_worker={"fresh": 1})
+    joined(s, "o1", pool="owner")
+    assert assigned(submit(s, {"b": []}, ["b"], pool="owner")) == {"o1": ["b"]}
+    finish(s, "o1", "b")
+    joined(s, "w1")
+    assert assigned(submit(s, {"a": []}, ["a"], pool="fresh")) == {"w1": ["a"]}
+    assert joined(s, "w2") == []  # idle: it takes tasks
+    cmds = finish(s, "w1", "a")
+    assert of(cmds, Replicate) == [Replicate(cmds[0].stimulus_id, "o1", "w1", (("a", 100),))]
+    assert s.workers["w1"].keeping == {s.tasks["a"]}  # until the copy lands
+
+
+def test_a_preempted_workers_outputs_go_to_a_worker_without_a_task_limit(
+    make_state: Factory,
+) -> None:
+    """The same for a worker that leaves on a preemption: of the survivors, ``o1``
+    (``owner``, no limit, holding ``b``) takes the copy of ``a``, not fresh ``w2``
+    (empty, but drained after its one task, and then copying it on again)."""
+    s = make_state(saturation=1.0, tasks_per_worker={"fresh": 1})
+    joined(s, "o1", pool="owner")
+    submit(s, {"b": []}, ["b"], pool="owner")
+    finish(s, "o1", "b")
+    joined(s, "w1", pool="ckpt")
+    assert assigned(submit(s, {"a": []}, ["a"], pool="ckpt")) == {"w1": ["a"]}
+    finish(s, "w1", "a")
+    assert joined(s, "w2") == []
+    out = run(s, event(WorkerLeaving, worker="w1", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("w1", (("a", "o1", 100),))]
 
 
 def test_a_worker_is_sent_its_n_tasks_at_once_and_drained_with_the_last(
