@@ -335,6 +335,20 @@ class _RunCall:
     outcome: RunOutcome | None = None
 
 
+#: when this worker process got its stop signal (SIGTERM, SIGINT, SIGHUP: its batch job
+#: preempted or at its walltime, a stop), recorded by :func:`note_stop_signal`; empty
+#: before (and in a process whose workers are not worker processes)
+STOP_SIGNALLED: list[float] = []
+
+
+def note_stop_signal(signum: int, frame: Any) -> None:
+    """The Python-level handler of the stop signals in a worker process: records the
+    first (:data:`STOP_SIGNALLED`). The event loop's wake-up (its signal receiver) is
+    not this handler's: it goes on seeing the signal as before."""
+    if not STOP_SIGNALLED:
+        STOP_SIGNALLED.append(time.time())
+
+
 class Worker(Actor):
     """Runs tasks, stores outputs, serves them to peers, reports to the scheduler.
 
@@ -1258,6 +1272,10 @@ class Worker(Actor):
         if self.checkpoints.pending:  # a try killed mid-checkpoint: its room comes back
             for res, _ in results:
                 self.checkpoints.settle(res.key)
+        if STOP_SIGNALLED:
+            results = self._not_failed_by_the_stop(results)
+            if not results:
+                return
         results = self._keep_files(results)
         if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
             results = self._write_outputs(results)  # memory is past its spill fence
@@ -1276,6 +1294,22 @@ class Worker(Actor):
             self._written.clear()
             if kept:
                 self._feed(ws.Spilled(time.time(), kept))
+
+    def _not_failed_by_the_stop(self, results: tuple[Any, ...]) -> tuple[Any, ...]:
+        """This worker process got its stop signal (:data:`STOP_SIGNALLED`): a batch
+        system signals every process of the job at once, the programs its tasks started
+        too, which die of it (a task's ``subprocess.run(..., check=True)`` then raises
+        ``CalledProcessError``, "died with SIGTERM"). A try that ends in an error from
+        then on failed for the stop, not for itself: it is not reported, and is lost
+        with this worker as its running tries are (a preemption's: a free retry), where
+        it would have spent a retry, or failed its task with ``retries=0``."""
+        kept = tuple((res, value) for res, value in results if res.outcome != "error")
+        if len(kept) < len(results):
+            self.log.info(
+                "tries ended in error after the stop signal: lost with this worker, not failed",
+                keys=[str(res.key) for res, _ in results if res.outcome == "error"],
+            )
+        return kept
 
     def _write_outputs(self, results: tuple[Any, ...]) -> tuple[Any, ...]:
         """Past the spill fence, a new output cannot stay in memory for long: it will

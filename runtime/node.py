@@ -76,7 +76,15 @@ from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
-from actors.worker import ForgetWork, Leave, Spilling, Worker, host_cpus, trim_memory
+from actors.worker import (
+    ForgetWork,
+    Leave,
+    Spilling,
+    Worker,
+    host_cpus,
+    note_stop_signal,
+    trim_memory,
+)
 from policies import KINDS, REGISTRY
 from runtime.errors import (
     STOP_SIGNALS,
@@ -3877,6 +3885,10 @@ async def run_worker(
                 stop.set()
 
             await system.start_service(_until_signalled, on_signal)
+            # The tries that end in error once the stop signal came failed for it (the
+            # programs they started got it too): Worker._not_failed_by_the_stop.
+            for signum in _stop_signals():
+                signal.signal(signum, note_stop_signal)
             await system.start_service(_lifeline)
             if ready is not None:
                 ready(worker_id)

@@ -186,3 +186,58 @@ async def test_status_shows_how_long_a_pools_workers_live(tmp_path: Path) -> Non
             # One of two died young; neither lived an hour: that is not known.
             assert life["lives"] == 2 and life["median"] is not None
             assert life["median"] < 60 and life["survive_1h"] is None
+
+
+def tool_until_gate(pids: str, gate: str) -> str:
+    """A bash_app-like task: runs a command-line tool (a shell waiting for ``gate``),
+    having written the tool's pid and its worker's to ``pids``, and fails if the tool
+    does (``check=True``)."""
+    import subprocess
+
+    tool = subprocess.Popen(["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done'])
+    with open(pids + ".part", "w") as f:
+        f.write(f"{tool.pid} {os.getppid()}")
+    os.replace(pids + ".part", pids)
+    if tool.wait() != 0:
+        raise subprocess.CalledProcessError(tool.returncode, tool.args)
+    return "tool done"
+
+
+@pytest.mark.anyio
+async def test_a_tool_the_batch_system_s_sigterm_killed_is_a_free_retry_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    """A user audit (astro, on Slurm): a preemption's SIGTERM reaches every process of
+    the job, the tool a task runs too, which dies of it at once; its task raised
+    ``CalledProcessError`` ("died with SIGTERM") and the try was reported as the task's
+    error before the worker's leave: a retry spent, or with ``retries=0`` the task
+    failed. Now a try that ends in error after the worker's stop signal is lost with
+    the worker: a free retry. Here the tool is signalled first, then its worker."""
+    pids, gate = tmp_path / "pids", tmp_path / "gate"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env.update(SLURM)
+        in_job = cli.worker(address, "--name", "in-job", "--execution", "process")
+        del cli.env["SLURM_JOB_ID"]
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            (fut,) = await c.submit_graph(
+                {"t": (tool_until_gate, str(pids), str(gate))}, ["t"], retries=0
+            )
+            await wait_until(pids.exists, limit=LIMIT)
+            tool, worker = (int(n) for n in pids.read_text().split())
+            assert worker == in_job.pid
+            pids.unlink()
+            cli.worker(address, "--name", "other")
+            await c.wait_for_workers(2)
+            os.kill(tool, signal.SIGTERM)  # as Slurm signals the job's processes
+            os.kill(worker, signal.SIGTERM)
+            await wait_until(lambda: pids.exists() or fut.done(), limit=LIMIT)
+            assert not fut.done(), f"the task failed: {await fut.exception()!r}"
+            # (it runs again, elsewhere)
+            gate.touch()
+            assert await fut == "tool done"
+            story = await c.story("t")
+            retries = [entry[2] for entry in story if entry[1] == "retry"]
+            assert retries == ["worker lost (preempted); free retry"]
+        assert in_job.wait(LIMIT) == 0
