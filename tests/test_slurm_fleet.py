@@ -14,6 +14,8 @@ checkpoint users: takes blocks back, ends them at their walltime, stops answerin
   grows likelier with a job's age): each task runs in a Slurm job of its own, each job
   ends COMPLETED once its task is done and its result fetched, ``drained`` and free,
   and the next task in line gets a new job.
+- A command-line tool a task runs, killed by a preemption's SIGTERM with its worker:
+  the try is a free retry, not the task's ``CalledProcessError``.
 - A block on a requeueing partition comes back as a new incarnation of the same block
   (no replacement, no budget spent), and its worker rejoins.
 - ``slurmctld`` stopped mid-run is a clear error in the status, and never suspends the
@@ -532,3 +534,44 @@ async def test_a_suspended_block_s_lost_workers_cost_nothing_and_take_no_task(
         assert "erred" not in st["tasks_by_state"] and st["autoscaler"]["budget_spent"] == 0
         assert st["autoscaler"]["blocks"] == {"ckpt/block-1": "running"}, st["autoscaler"]
     print({k: round(v, 1) for k, v in marks.items()})
+
+
+TOOL = """
+[pools.tool]
+provider = "slurm"
+partition = "ckpt-cancel"   # preemptible; a preempted job ends PREEMPTED, replaced at once
+max_blocks = 1
+init_blocks = 1
+cores_per_worker = 1
+walltime = "00:10:00"
+execution = "process"
+"""
+
+
+def run_tool(started: str, gate: str) -> str:
+    """A bash_app-like task: a command-line tool (a shell waiting for ``gate``), which
+    the job's SIGTERM reaches as it reaches the worker; ``started`` says it runs."""
+    tool = ["sh", "-c", f'touch "{started}"; while [ ! -e "{gate}" ]; do sleep 0.1; done']
+    subprocess.run(tool, capture_output=True, text=True, check=True)
+    return "tool done"
+
+
+async def test_a_tool_a_preemption_killed_is_a_free_retry_not_the_task_s_error(
+    slurm_conf: str, slurm: Callable[..., str], tmp_path: Path
+) -> None:
+    """A user audit (astro): a preemption's SIGTERM killed the tool a task ran at once;
+    its ``CalledProcessError`` ("died with SIGTERM") reached the scheduler before the
+    worker's leave and spent a retry (with ``retries=0``: the task failed). The try is
+    lost with the worker instead: free, and the task finishes on the next block."""
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    async with fleet(tmp_path, slurm_conf, TOOL, 1, 300) as (cluster, _):
+        fut = cluster.submit(run_tool, str(started), str(gate), retries=0, pool="tool")
+        await wait_until(started.exists, limit=120)
+        owner_job(slurm, NODE_CPUS, 10)
+        await status_where(
+            cluster, lambda s: any(e["state"] == "preempted" for e in s["autoscaler"]["ends"])
+        )
+        gate.touch()  # the next try's tool ends at once
+        assert await fut == "tool done"
+        whys = [why for _, why in await retry_lines(cluster, [fut.key])]
+        assert whys == ["worker lost (preempted); free retry"], whys
