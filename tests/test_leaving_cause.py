@@ -53,14 +53,21 @@ def test_the_cause_of_leaving() -> None:
         leaving_cause(None, 700.0, deadline, {**SLURM, "CORRAL_SIGNAL_WARNING": "x"})
 
 
+def worker_in_a_job(cli: Cli, address: str, *flags: str) -> Any:
+    """A worker process ``in-job`` with what the batch system sets inside a job."""
+    cli.env.update(SLURM)
+    try:
+        return cli.worker(address, "--name", "in-job", *flags)
+    finally:
+        del cli.env["SLURM_JOB_ID"]
+
+
 @pytest.mark.anyio
 async def test_sigterm_inside_a_job_is_a_preemption_that_costs_no_retry(tmp_path: Path) -> None:
     gate, started = tmp_path / "gate", tmp_path / "started"
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
-        cli.env.update(SLURM)  # what the batch system sets inside a job
-        in_job = cli.worker(address, "--name", "in-job")
-        del cli.env["SLURM_JOB_ID"]
+        in_job = worker_in_a_job(cli, address)
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
             (fut,) = await c.submit_graph(
@@ -216,9 +223,7 @@ async def test_a_tool_the_batch_system_s_sigterm_killed_is_a_free_retry_not_a_fa
     pids, gate = tmp_path / "pids", tmp_path / "gate"
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
-        cli.env.update(SLURM)
-        in_job = cli.worker(address, "--name", "in-job", "--execution", "process")
-        del cli.env["SLURM_JOB_ID"]
+        in_job = worker_in_a_job(cli, address, "--execution", "process")
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
             (fut,) = await c.submit_graph(
