@@ -59,7 +59,7 @@ import anyio.abc
 from actors.autoscaler import Autoscaler, PoolTarget, RefusedWorker
 from actors.executor import kill_task_processes
 from actors.host_memory import CORES_FLAG
-from actors.manager import GC_THRESHOLD, GcTuning, Manager, process_figures
+from actors.manager import GC_THRESHOLD, GatherResult, GcTuning, Manager, process_figures
 from actors.pools import (
     PoolConfig,
     check_fallback,
@@ -151,6 +151,7 @@ from runtime.messages import (
     StatusRequest,
     StoryQuery,
     StoryRequest,
+    StreamPart,
     SubmitGraphRequest,
     SubmitReply,
     SubmitRoleGraphRequest,
@@ -1851,6 +1852,9 @@ MAX_NAME = 256
 
 #: Refused messages a connection may send before it is closed (the next one closes it).
 MAX_REFUSED = 10
+#: seconds a client's ended connection may take to have the streams it left unread
+#: closed on their workers (told to the manager; past it they expire idle, as before)
+CLOSE_STREAMS_WITHIN = 5.0
 
 
 _READ: frozenset[type[Message]] = frozenset(
@@ -2127,6 +2131,13 @@ class _Door:
         self.refused = 0  #: messages refused on this connection
         self.pace = _Pace(READS_PER_SECOND, READ_BURST)  #: this connection's reads
         self.said_goodbye = False  #: a worker's WorkerGone came through (it left)
+        #: the streams a gather's answer offered this connection (read through the
+        #: manager, ``ReadStream``) that it has not read to their end: ``(worker,
+        #: stream)`` -> bytes left. A client killed mid-read leaves them open on their
+        #: workers, each holding its value's pickle, until their idle expiry (2 minutes);
+        #: they are closed when the connection ends (:meth:`close_streams`)
+        self.streams: dict[tuple[str, int], int] = {}
+        self.closed = False  #: the connection ended (:meth:`close_streams`)
 
     def check(self, msg: Any) -> None:
         owners = self.gateway.progress_runs
@@ -2168,6 +2179,8 @@ class _Door:
         await self._paced(msg)  # a paced tell holds up this connection's reading
         if type(msg) is WorkerGone:
             self.said_goodbye = True
+        elif type(msg) is CloseStream:
+            self.streams.pop((msg.worker, msg.stream), None)
         await self.target.tell(msg, causal_id=causal_id, origin=origin or self.name)
 
     async def ask(
@@ -2189,6 +2202,16 @@ class _Door:
             # the manager holds a submit-token graph to [scheduler] submit_max_priority
             fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
             msg = SubmitRoleGraphRequest(**fields)
+        if type(msg) is GatherRequest:
+            # Not cut by the connection's end: the streams its answer opens on workers
+            # are then closed at once, not left to their idle expiry. The manager bounds
+            # the gather itself (each worker's answer within its gather timeout).
+            with anyio.CancelScope(shield=True):
+                reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+                self._follow_streams(msg, reply)
+                if self.closed:
+                    await self.close_streams()
+            return reply
         try:
             reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
         except UnknownPolicyError as exc:
@@ -2201,7 +2224,35 @@ class _Door:
             self.gateway.progress_owned(reply.run, self.name)
         elif type(msg) is ProgressQuery and msg.stop:
             self.gateway.progress_runs.pop(msg.run, None)
+        self._follow_streams(msg, reply)
         return reply
+
+    def _follow_streams(self, msg: Any, reply: Any) -> None:
+        """Note the streams a gather's answer offers this connection, and the bytes
+        it reads of them: a stream read to its end is closed by its worker."""
+        if type(msg) is GatherRequest and type(reply) is GatherResult:
+            for info in reply.streams:
+                if sum(info.sizes):
+                    self.streams[(info.worker, info.stream)] = sum(info.sizes)
+        elif type(msg) is ReadStream and type(reply) is StreamPart:
+            at = (msg.worker, msg.stream)
+            left = self.streams.get(at)
+            if left is not None:
+                if left > len(reply.data):
+                    self.streams[at] = left - len(reply.data)
+                else:
+                    del self.streams[at]
+
+    async def close_streams(self) -> None:
+        """The connection ended: the streams offered to it that it did not read to
+        their end are closed on their workers now (through the manager, which relays
+        ``CloseStream``), so their values' pickles do not stay in the workers' memory
+        until the streams' idle expiry."""
+        self.closed = True
+        streams, self.streams = self.streams, {}
+        for worker, stream in streams:
+            with contextlib.suppress(ActorStopped):  # the manager is stopping
+                await self.target.tell(CloseStream(stream, worker))
 
 
 @dataclasses.dataclass(eq=False)
@@ -2561,7 +2612,11 @@ class Gateway:
         self.peers[hello.name] = peer
         if hello.kind != "worker":
             # Nothing was awaited since the check above: it holds the name still.
-            await self._serve_other(hello.name, other, peer)
+            try:
+                await self._serve_other(hello.name, other, peer)
+            finally:
+                with anyio.move_on_after(CLOSE_STREAMS_WITHIN, shield=True):
+                    await door.close_streams()
             return
         if old is not None and not old.closed:
             await old.aclose()
