@@ -127,10 +127,12 @@ from runtime.messages import (
     ClientGone,
     CloseStream,
     ClusterStopping,
+    DataReply,
     DrainRequest,
     Evacuated,
     ForgetCategoryRequest,
     GatherRequest,
+    GetData,
     Leaving,
     Message,
     MetricsReply,
@@ -2136,8 +2138,7 @@ class _Door:
         #: stream)`` -> bytes left. A client killed mid-read leaves them open on their
         #: workers, each holding its value's pickle, until their idle expiry (2 minutes);
         #: they are closed when the connection ends (:meth:`close_streams`)
-        self.streams: dict[tuple[str, int], int] = {}
-        self.closed = False  #: the connection ended (:meth:`close_streams`)
+        self.streams = _OfferedStreams()
 
     def check(self, msg: Any) -> None:
         owners = self.gateway.progress_runs
@@ -2179,8 +2180,7 @@ class _Door:
         await self._paced(msg)  # a paced tell holds up this connection's reading
         if type(msg) is WorkerGone:
             self.said_goodbye = True
-        elif type(msg) is CloseStream:
-            self.streams.pop((msg.worker, msg.stream), None)
+        self.streams.told(msg)
         await self.target.tell(msg, causal_id=causal_id, origin=origin or self.name)
 
     async def ask(
@@ -2203,15 +2203,7 @@ class _Door:
             fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
             msg = SubmitRoleGraphRequest(**fields)
         if type(msg) is GatherRequest:
-            # Not cut by the connection's end: the streams its answer opens on workers
-            # are then closed at once, not left to their idle expiry. The manager bounds
-            # the gather itself (each worker's answer within its gather timeout).
-            with anyio.CancelScope(shield=True):
-                reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
-                self._follow_streams(msg, reply)
-                if self.closed:
-                    await self.close_streams()
-            return reply
+            return await self.streams.answer(self.target, msg, timeout, causal_id)
         try:
             reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
         except UnknownPolicyError as exc:
@@ -2224,35 +2216,94 @@ class _Door:
             self.gateway.progress_owned(reply.run, self.name)
         elif type(msg) is ProgressQuery and msg.stop:
             self.gateway.progress_runs.pop(msg.run, None)
-        self._follow_streams(msg, reply)
+        if type(msg) is ReadStream:
+            self.streams.read(msg, reply)
         return reply
-
-    def _follow_streams(self, msg: Any, reply: Any) -> None:
-        """Note the streams a gather's answer offers this connection, and the bytes
-        it reads of them: a stream read to its end is closed by its worker."""
-        if type(msg) is GatherRequest and type(reply) is GatherResult:
-            for info in reply.streams:
-                if sum(info.sizes):
-                    self.streams[(info.worker, info.stream)] = sum(info.sizes)
-        elif type(msg) is ReadStream and type(reply) is StreamPart:
-            at = (msg.worker, msg.stream)
-            left = self.streams.get(at)
-            if left is not None:
-                if left > len(reply.data):
-                    self.streams[at] = left - len(reply.data)
-                else:
-                    del self.streams[at]
 
     async def close_streams(self) -> None:
         """The connection ended: the streams offered to it that it did not read to
         their end are closed on their workers now (through the manager, which relays
         ``CloseStream``), so their values' pickles do not stay in the workers' memory
         until the streams' idle expiry."""
+        await self.streams.close(self.target)
+
+
+class _OfferedStreams:
+    """The streams offered over one connection (a gather's answer to a client, through
+    the manager; a ``GetData`` answer to a peer worker) that its reader has not read to
+    their end: ``(worker, stream)`` -> bytes left. A reader killed mid-read leaves them
+    open on their worker, each holding its value's pickle until its idle expiry
+    (``IDLE_SECONDS``, 2 minutes); :meth:`close` closes them when the connection ends,
+    also those of an answer still under way then (:meth:`answer`)."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], int] = {}
+        self.closed = False  #: the connection ended (:meth:`close`)
+
+    async def answer(self, target: Any, msg: Any, limit: float | None, causal_id: Any) -> Any:
+        """``target``'s answer to ``msg`` (a ``GatherRequest``, a ``GetData``): not cut by the
+        connection's end, so that the streams it opens are closed at once then. The
+        answerer bounds it (a gather: each worker's answer within its timeout)."""
+        with anyio.CancelScope(shield=True):
+            reply: Any = await target.ask(msg, timeout=limit, causal_id=causal_id)
+            if isinstance(reply, GatherResult | DataReply):
+                for info in reply.streams:
+                    if sum(info.sizes):
+                        self.open[(info.worker, info.stream)] = sum(info.sizes)
+            if self.closed:
+                await self.close(target)
+        return reply
+
+    def told(self, msg: Any) -> None:
+        """A message its reader sent: a ``CloseStream`` closes that stream itself."""
+        if type(msg) is CloseStream:
+            self.open.pop((msg.worker, msg.stream), None)
+
+    def read(self, msg: ReadStream, part: Any) -> None:
+        """A part of a stream was read: one read to its end is closed by its worker."""
+        at = (msg.worker, msg.stream)
+        left = self.open.get(at)
+        if left is not None and type(part) is StreamPart:
+            if left > len(part.data):
+                self.open[at] = left - len(part.data)
+            else:
+                del self.open[at]
+
+    async def close(self, target: Any) -> None:
+        """The connection ended: tell ``target`` to close the streams left unread."""
         self.closed = True
-        streams, self.streams = self.streams, {}
+        streams, self.open = self.open, {}
         for worker, stream in streams:
             with contextlib.suppress(ActorStopped):  # the manager is stopping
-                await self.target.tell(CloseStream(stream, worker))
+                await target.tell(CloseStream(stream, worker))
+
+
+class _PeerDoor:
+    """What a worker's peer connection reaches: the worker, with the streams its
+    ``GetData`` answers offer the peer followed (:class:`_OfferedStreams`), so that a
+    peer killed mid-fetch leaves none open."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.streams = _OfferedStreams()
+
+    async def tell(self, msg: Any, *, causal_id: str | None = None, origin: str = "") -> None:
+        self.streams.told(msg)
+        await self.target.tell(msg, causal_id=causal_id, origin=origin)
+
+    async def ask(
+        self,
+        msg: Any,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - ActorRef's API
+        causal_id: str | None = None,
+    ) -> Any:
+        if type(msg) is GetData:
+            return await self.streams.answer(self.target, msg, timeout, causal_id)
+        reply = await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+        if type(msg) is ReadStream:
+            self.streams.read(msg, reply)
+        return reply
 
 
 @dataclasses.dataclass(eq=False)
@@ -3629,8 +3680,13 @@ async def run_worker(
 
             async def serve_peer(conn: Any) -> None:
                 role = getattr(conn, "role", None) or "admin"
-                peer = Peer(conn, worker_ref["worker"], name="peer", allow_pickle=role == "admin")
-                await peer.run()
+                door = _PeerDoor(worker_ref["worker"])
+                peer = Peer(conn, door, name="peer", allow_pickle=role == "admin")
+                try:
+                    await peer.run()
+                finally:
+                    with anyio.move_on_after(CLOSE_STREAMS_WITHIN, shield=True):
+                        await door.streams.close(door.target)
 
             async def resolve(wid: str) -> Any:
                 peer = peers.get(wid)

@@ -16,10 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 
+import transport
 from runtime import Cluster
 from runtime.client import ClientActor
 from runtime.errors import ManagerLost
+from runtime.messages import GetData
 from runtime.node import DEAD_AFTER, HEARTBEAT
+from runtime.remote import Peer
 from tests.helpers import Cli, free_port, free_port_between, held_at_gate, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -452,4 +455,41 @@ async def test_a_client_killed_mid_gather_leaves_no_stream_open_on_its_worker(
             start = time.monotonic()
             while sum((await watch.run(_open_streams)).values()):
                 assert time.monotonic() - start < 20, "the stream is still open on the worker"
+                await anyio.sleep(0.1)
+
+
+def big(n: int) -> bytes:
+    return bytes(n)
+
+
+async def test_a_peer_gone_mid_fetch_leaves_no_stream_open_on_the_holder(tmp_path: Path) -> None:
+    """The same for a worker's peers: a peer whose connection ends after a ``GetData``
+    answer offered it a stream (a worker killed mid-fetch) leaves none open on the holder,
+    which would otherwise hold the value's pickle for the stream's 120 s idle expiry. The
+    peer here is this test, connected to the worker's peer listener with the worker token
+    as a worker is."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = await anyio.to_thread.run_sync(cli.manager)
+        await anyio.to_thread.run_sync(cli.worker, address)
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            value = c.submit(big, 40 * 2**20, key="big")
+            await value.wait()
+            (holder,) = (await c.status())["workers"]
+            token = cli.tokens(address)["worker"]
+            peer = Peer(
+                await transport.connect(holder.address, token=token),
+                None,
+                name="t",
+                allow_pickle=True,
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(peer.run)
+                reply = await peer.ref.ask(GetData(("big",), raw=True, stream_over=1))
+                assert len(reply.streams) == 1
+                assert (await c.run(_open_streams)) == {holder.worker_id: 1}
+                await peer.aclose()
+            start = time.monotonic()
+            while sum((await c.run(_open_streams)).values()):
+                assert time.monotonic() - start < 20, "the stream is still open on the holder"
                 await anyio.sleep(0.1)
