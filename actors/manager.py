@@ -1200,7 +1200,8 @@ class Manager(Actor):
             "run_clients": {r: self.run_clients.get(r, "") for r in list(self.run_keys)[-10:]},
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
-            "process": process_figures(),
+            # and the clients connected now (consoles are not clients)
+            "process": {**process_figures(), "clients": len(self.connected)},
             "config": self.settings.settings,
         }
         auto, busy = None, False

@@ -1566,6 +1566,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 f"{proc.get('threads', 0)} thread(s), "
                 + (f"{fds} open file(s), " if fds >= 0 else "")
                 + f"{proc.get('asyncio_tasks', 0)} asyncio task(s)"
+                + (f"; {proc['clients']} client(s) connected" if "clients" in proc else "")
             )
         )
     return Group(*parts)

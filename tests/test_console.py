@@ -306,9 +306,11 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
             proc = st["process"]
             assert proc["pid"] == os.getpid() and proc["rss"] > 2**20
             assert proc["threads"] >= 1 and proc["fds"] > 0 and proc["asyncio_tasks"] > 0
+            assert proc["clients"] == 1  # the Cluster(address); the console is no client
 
             text = await console.run_command("status")
             assert f"manager process {os.getpid()}: RSS " in text and "asyncio task(s)" in text
+            assert "; 1 client(s) connected" in text
             for word in ("workers", "pools", "tasks", "categories", "memory", "policies"):
                 assert word in text
             for w in workers:
