@@ -821,6 +821,9 @@ class BaseExecutor(abc.ABC):
         self._timed = False  #: a delivery of held results is due within ``batch_delay``
         self._loop = asyncio.get_running_loop()
         self._cancelled: set[Key] = set()  #: cancelled keys whose try is not delivered
+        #: tries handed over (:meth:`_push`, :meth:`_hold`) that the worker has not taken
+        #: back yet (:meth:`settled`): key -> when it began (epoch s, its ``start``)
+        self._handed: dict[Key, float] = {}
         #: the worker's checkpoint files (:class:`~actors.checkpoints.CheckpointFiles`:
         #: ``directory``, ``reserve``, ``latest``); None: tasks cannot checkpoint here
         self.checkpoints: Any = None
@@ -860,8 +863,12 @@ class BaseExecutor(abc.ABC):
         """The worker has these keys' tries back: a cancel of one that came after its
         try was delivered (the cancel and the result crossed) is let go. Kept, it
         would cancel the key's next try here before it ran. No other try of a key is
-        handed over before its last one is back (the worker runs one at a time)."""
+        handed over before its last one is back (the worker runs one at a time).
+        Nor are they :meth:`started_for`'s any more."""
+        keys = tuple(keys)
         with self._lock:
+            for key in keys:
+                self._handed.pop(key, None)
             if self._cancelled:
                 self._cancelled.difference_update(keys)
 
@@ -888,6 +895,17 @@ class BaseExecutor(abc.ABC):
         has executed: a leaving worker says so (``Leaving.executed``), and the
         scheduler tells a task that had its worker's whole life from one that started
         late in it."""
+
+    def started_for(self) -> dict[Key, float]:
+        """:meth:`executing_for` and the tries that ended but are not back with the
+        worker yet (handed over, not :meth:`settled`), each with the seconds since it
+        began: all that started. A leaving worker says so (``Leaving``): a try that
+        ended as it left (its error after the stop signal is not reported) executed
+        all the same, and is no try that never started."""
+        now = time.time()
+        with self._lock:
+            ended = {key: max(0.0, now - began) for key, began in self._handed.items()}
+        return {**ended, **self.executing_for()}
 
     def children_rss(self) -> int:
         """RSS of the processes this executor runs tasks in, besides this one (bytes)."""
@@ -931,6 +949,7 @@ class BaseExecutor(abc.ABC):
         (with any held, :meth:`_hold`), empty or not."""
         with self._lock:
             self._done.extend(results)
+            self._handed.update((res.key, res.start) for res, _ in results if res.start)
             if self._soon:
                 return
             self._soon = True
@@ -943,6 +962,7 @@ class BaseExecutor(abc.ABC):
         task of a kind that ran short here may hang: what is done goes out anyway)."""
         with self._lock:
             self._done.extend(results)
+            self._handed.update((res.key, res.start) for res, _ in results if res.start)
             if self._soon or self._timed:
                 return
             self._timed = True

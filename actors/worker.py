@@ -460,6 +460,10 @@ class Worker(Actor):
         self._plan: tuple[anyio.Event, list[tuple[Any, ...]]] | None = None
         #: while its copies are made: starts those of more of its plan
         self._more_moves: Callable[[tuple[Any, ...]], None] | None = None
+        #: tries that ended in error after the stop signal, not reported (lost with
+        #: this worker: :meth:`_not_failed_by_the_stop`): key -> when each began
+        #: (epoch s), for the ``Leaving`` that says what it was executing
+        self._lost_to_stop: dict[Key, float] = {}
         self._trimmed = 0.0  #: when the heap was last trimmed
         #: the threads' CPU seconds (:func:`thread_cpu`) at the last memory tick that
         #: took them, at most ``CPU_SAMPLE_EVERY`` s apart while the loop runs: the
@@ -1302,8 +1306,14 @@ class Worker(Actor):
         ``CalledProcessError``, "died with SIGTERM"). A try that ends in an error from
         then on failed for the stop, not for itself: it is not reported, and is lost
         with this worker as its running tries are (a preemption's: a free retry), where
-        it would have spent a retry, or failed its task with ``retries=0``."""
+        it would have spent a retry, or failed its task with ``retries=0``. The
+        worker's ``Leaving`` lists it as executing, with the seconds since it began:
+        not listed, the scheduler would take it for a try that never started (0 s run:
+        no walltime loss known, 0 s in the report's preemption cost)."""
         kept = tuple((res, value) for res, value in results if res.outcome != "error")
+        for res, _ in results:
+            if res.outcome == "error":  # it executed until now: Leaving says so
+                self._lost_to_stop[res.key] = res.start or time.time()
         if len(kept) < len(results):
             self.log.info(
                 "tries ended in error after the stop signal: lost with this worker, not failed",
@@ -1610,7 +1620,12 @@ class Worker(Actor):
         self._plan = (done, plans)
         # What it executes now: the tasks it has in hand besides these never started.
         ex = self.executor
-        running = ex.executing_for() if ex is not None else {}
+        running = ex.started_for() if ex is not None else {}
+        # (and those whose error after the stop signal was not reported: they
+        # executed until it; else the scheduler reads them as never started, 0 s)
+        now = time.time()
+        for key, began in self._lost_to_stop.items():
+            running.setdefault(key, max(0.0, now - began))
         executing = tuple(str(k) for k in running)
         self.scheduler.post(Leaving(self.worker_id, cause, executing, tuple(running.values())))
         await done.wait()

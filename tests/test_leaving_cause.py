@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from runtime import Cluster
 from runtime.node import WALLTIME_MARGIN, leaving_cause
 from tests.helpers import Cli, held_at_gate, wait_until
 from tests.test_checkpoints import _lines
+from tests.test_monitordb import _rows
 
 LIMIT = 60  # seconds per test
 SLURM = {"SLURM_JOB_ID": "4242"}
@@ -246,3 +248,41 @@ async def test_a_tool_the_batch_system_s_sigterm_killed_is_a_free_retry_not_a_fa
             retries = [entry[2] for entry in story if entry[1] == "retry"]
             assert retries == ["worker lost (preempted); free retry"]
         assert in_job.wait(LIMIT) == 0
+
+
+@pytest.mark.anyio
+async def test_a_try_whose_tool_the_stop_signal_killed_is_recorded_as_having_run(
+    tmp_path: Path,
+) -> None:
+    """The tries above, lost with their worker, ran until the signal: the scheduler is
+    told so (the worker's ``Leaving`` lists them as executing, with their seconds),
+    also those whose error came back before the worker said it leaves. Said nowhere,
+    such a try read as one that never started (``ran`` 0 s: its row's ``started`` is its
+    ``ended``): no walltime loss known (a task longer than its walltime was not told
+    from one that started late), no run for the fallback move, 0 s in the report's
+    'what preemption cost'. Three tools, each error racing the worker's leave: before
+    the fix, one or more read as never started in most runs."""
+    gate, db = tmp_path / "gate", tmp_path / "monitoring.db"
+    pids = [tmp_path / f"pids-{i}" for i in range(3)]
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager("--monitoring", str(db), "--monitoring-interval", "0.2")
+        in_job = worker_in_a_job(cli, address, "--cores", "3")
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            graph = {f"t{i}": (tool_until_gate, str(p), str(gate)) for i, p in enumerate(pids)}
+            futs = await c.submit_graph(graph, list(graph), retries=0)
+            await wait_until(lambda: all(p.exists() for p in pids), limit=LIMIT)
+            tools = [int(p.read_text().split()[0]) for p in pids]
+            cli.worker(address, "--name", "other", "--cores", "3")
+            await c.wait_for_workers(2)
+            killed = time.time()
+            os.kill(in_job.pid, signal.SIGTERM)  # then its tools, as a job's processes are
+            for tool in tools:
+                os.kill(tool, signal.SIGTERM)
+            assert in_job.wait(LIMIT) == 0
+            gate.touch()
+            assert [await f for f in futs] == ["tool done"] * 3
+    rows = _rows(db, "SELECT key, started, ended FROM tries WHERE outcome = 'worker-lost'")
+    assert len(rows) == 3, rows
+    never = [(key, started, ended) for key, started, ended in rows if not started < killed]
+    assert not never, f"read as never started (killed at {killed}): {never}"
