@@ -77,6 +77,7 @@ from actors.registry import FileRegistry
 from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
 from actors.worker import (
+    STOP_SIGNALLED,
     ForgetWork,
     Leave,
     Spilling,
@@ -3997,7 +3998,9 @@ async def run_worker(
 
             await system.start_service(_until_signalled, on_signal)
             # The tries that end in error once the stop signal came failed for it (the
-            # programs they started got it too): Worker._not_failed_by_the_stop.
+            # programs they started got it too): Worker._not_failed_by_the_stop. Not
+            # an earlier run's signal (a program that runs workers one after another).
+            STOP_SIGNALLED.clear()
             for signum in _stop_signals():
                 signal.signal(signum, note_stop_signal)
             await system.start_service(_lifeline)

@@ -19,9 +19,10 @@ from typing import Any
 import anyio
 import pytest
 
+from actors.worker import STOP_SIGNALLED, note_stop_signal
 from runtime import Cluster
 from runtime.node import WALLTIME_MARGIN, leaving_cause
-from tests.helpers import Cli, held_at_gate, wait_until
+from tests.helpers import Cli, held_at_gate, nodes, wait_until
 from tests.test_checkpoints import _lines
 from tests.test_monitordb import _rows
 
@@ -286,3 +287,25 @@ async def test_a_try_whose_tool_the_stop_signal_killed_is_recorded_as_having_run
     assert len(rows) == 3, rows
     never = [(key, started, ended) for key, started, ended in rows if not started < killed]
     assert not never, f"read as never started (killed at {killed}): {never}"
+
+
+def fails() -> None:
+    raise ValueError("the task's own error")
+
+
+@pytest.mark.anyio
+async def test_a_worker_run_after_an_earlier_one_s_stop_signal_reports_its_task_errors() -> None:
+    """A program that runs a worker in its own process (``run_worker``), stopped by a
+    signal, then runs another: that worker got no stop signal and is not leaving, so a
+    task's error is the task's (here it fails, ``retries=0``). The first run's signal
+    was kept for the process's life: every error was dropped as the stop's, its try
+    neither reported nor lost, and the task waited for ever."""
+    note_stop_signal(signal.SIGTERM, None)  # what the earlier run's signal left behind
+    try:
+        with anyio.fail_after(LIMIT):
+            async with nodes(1) as (address, _), Cluster(address) as c:
+                await c.wait_for_workers(1)
+                with pytest.raises(ValueError, match="the task's own error"):
+                    await c.submit(fails, retries=0)
+    finally:
+        STOP_SIGNALLED.clear()
