@@ -497,7 +497,14 @@ def leave_shell_with_child(pidfile: str) -> int:
     )
     while not Path(pidfile).exists():
         time.sleep(0.01)
-    return int(Path(pidfile).read_text())
+    pid = int(Path(pidfile).read_text())
+    # ``$!`` is known once the shell forks, before the child has become ``sleep``:
+    # return only once it has, so the leftover is named by what it runs
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).name() != "sleep":
+        assert time.monotonic() < deadline, "the shell's child never became sleep"
+        time.sleep(0.01)
+    return pid
 
 
 async def test_a_program_s_children_left_running_are_killed_too(
