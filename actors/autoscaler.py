@@ -26,6 +26,7 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockHeld,
+    BlockLost,
     BlockRecord,
     BlockRequeued,
     BlockRunning,
@@ -524,6 +525,14 @@ class Autoscaler(Actor):
             )  # fmt: skip
             with contextlib.suppress(ActorStopped):
                 await self.scheduler.tell(WorkersSuspended(cmd.workers, cmd.held))
+            return None
+        if type(cmd) is BlockLost:
+            self.log.warning(
+                "block lost: every worker of it left without a word while it still runs "
+                "(stopped, hung or cut off): stopping it, replacing it",
+                block=cmd.block, pool=cmd.pool, workers=list(cmd.workers),
+                seconds=round(cmd.seconds, 1),
+            )  # fmt: skip
             return None
         if type(cmd) is BlockStuck:
             self.log.warning(

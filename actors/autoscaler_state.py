@@ -159,6 +159,7 @@ __all__ = [
     "BlockEnd",
     "BlockEnded",
     "BlockHeld",
+    "BlockLost",
     "BlockRecord",
     "BlockRequeued",
     "BlockRunning",
@@ -568,6 +569,21 @@ class BlockStuck(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BlockLost(Command):
+    """Every worker of ``block`` of ``pool`` that joined (``workers``) has been lost to
+    the scheduler for ``seconds`` (silent past its timeout, not back within the grace
+    for a rejoin) while the provider still says the block runs: a worker process
+    stopped, hung or cut off from the manager. It is stopped (:class:`StopBlock`
+    follows), its end listed as ``lost``, charged to the replacement budget, and the
+    proposal replaces it. For the log: nothing to carry out."""
+
+    block: str
+    pool: str
+    workers: tuple[str, ...]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GaveUp(Command):
     """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
     replacements until its target is set again. ``latest``: the latest of those ends
@@ -618,6 +634,12 @@ class AutoscalerConfig:
     #: warning signal before its walltime (Slurm's ``--signal``) leaves as ``walltime``,
     #: and the scheduler may hear so after the provider saw the job end
     leave_grace: float = 10.0
+    #: seconds a running block may go on after every worker of it that joined has left
+    #: the scheduler without a word (lost: silent past the manager's worker timeout,
+    #: not back within its grace for a rejoin) before it is stopped and replaced as
+    #: ``lost`` (:class:`BlockLost`): a worker stopped (SIGSTOP), hung or cut off
+    #: whose process the provider still reports running (None: never)
+    lost_grace: float | None = 60.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -666,6 +688,14 @@ class BlockRecord:
     #: why the manager refused a worker of it at its Hello (:class:`WorkerRefused`;
     #: "": none was)
     refused: str = ""
+    #: its workers the scheduler was seen to know (they joined, in a count)
+    joined: set[str] = dataclasses.field(default_factory=set)
+    #: since when no worker of it is known to the scheduler, though some joined and
+    #: the provider says it runs (None: one is known, or none joined yet)
+    gone_since: float | None = None
+    #: why it was stopped because its workers were lost while it ran
+    #: (:class:`BlockLost`; "": it was not)
+    lost: str = ""
 
 
 @dataclasses.dataclass(slots=True)
@@ -968,7 +998,9 @@ class AutoscalerState:
         if b.retiring or self.closing:
             # Scaled in, or leaving: its place was given up already, so its end is
             # not replaced and spends nothing; the cause says how it went.
-            if b.stuck:
+            if b.lost:
+                cause = "lost"  # charged when it was found lost
+            elif b.stuck:
                 cause = "stuck"
             elif ev.state in ("preempted", "timeout", "oom"):
                 cause = self._cause(b, ev.state)[0]
@@ -982,7 +1014,7 @@ class AutoscalerState:
                 cause = "crash"
             else:
                 cause = self._drain_cause(b)
-            self._ended(b, ev.state, cause, False, ev.detail)
+            self._ended(b, ev.state, cause, False, ev.detail or b.lost)
             return
         drain_end = ev.drained and ev.state in ("completed", "failed")
         state = "completed" if drain_end else ev.state
@@ -1107,6 +1139,8 @@ class AutoscalerState:
         b.idle_since = None
         b.sched_drained = False
         b.left.clear()  # the next run's workers join afresh, under the same ids
+        b.joined.clear()
+        b.gone_since = None
         b.state = "pending"
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
@@ -1141,10 +1175,18 @@ class AutoscalerState:
             # its provisioning timeout, because the cluster shuts down, or scaled in
             # (no worker of it joined, or requeued while it was being drained).
             self.ended += 1
-            cause = "stuck" if b.stuck else "shutdown" if self.closing else self._drain_cause(b)
+            cause = (
+                "lost" if b.lost
+                else "stuck" if b.stuck
+                else "shutdown" if self.closing
+                else self._drain_cause(b)
+            )  # fmt: skip
             self._list_end(
-                BlockEnd(b.block_id, b.pool, ev.state, cause, False, self._now, b.incarnation)
-            )
+                BlockEnd(
+                    b.block_id, b.pool, ev.state, cause, bool(b.lost), self._now,
+                    b.incarnation, b.lost,
+                )
+            )  # fmt: skip
 
     def _block_running(self, ev: BlockRunning) -> None:
         b = self.blocks.get(ev.block)
@@ -1226,6 +1268,7 @@ class AutoscalerState:
             return
         self.processing = dict(ev.processing)
         self._undrained_elsewhere(ev.draining)
+        self._find_lost()
         for b in self.blocks.values():
             if b.retiring and not b.stopping and b.unknown:
                 # A worker the scheduler did not know when asked to drain has joined
@@ -1329,6 +1372,44 @@ class AutoscalerState:
         if pool is not None:
             return len(self.replacements.get(pool, ()))
         return sum(len(ends) for ends in self.replacements.values())
+
+    def _find_lost(self) -> None:
+        """Stop and replace each running block every worker of which that joined has
+        left the scheduler's count for ``lost_grace`` seconds, though the provider says
+        it runs and the scheduler never drained one of it (a drain, a walltime, a
+        preemption notice or ``tasks_per_worker`` ends a block on purpose, and its end
+        is told): a worker stopped (SIGSTOP), hung or cut off, whose process would
+        otherwise hold its place in ``max_blocks`` (and its machine) for ever."""
+        grace = self.config.lost_grace
+        assert self.processing is not None
+        for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
+            known = [w for w in b.workers if w in self.processing]
+            b.joined.update(known)
+            if (
+                known
+                or not b.joined
+                or b.state != "running"
+                or b.retiring
+                or b.suspended
+                or b.sched_drained
+                or grace is None
+            ):
+                b.gone_since = None
+                continue
+            if b.gone_since is None:
+                b.gone_since = self._now
+            seconds = self._now - b.gone_since
+            if seconds < grace:
+                continue
+            workers = tuple(sorted(b.joined))
+            b.lost = (
+                f"{b.block_id} lost: its worker(s) {', '.join(workers)} left the scheduler "
+                f"without a word {seconds:.0f} s ago while the block still ran (a worker "
+                "stopped, hung or cut off from the manager); stopped and replaced"
+            )
+            self._out.append(BlockLost(b.block_id, b.pool, workers, seconds))
+            self._unasked_end(b.pool, b.lost)
+            self._stop(b)
 
     def _stop(self, b: BlockRecord) -> None:
         b.retiring = b.stopping = True
@@ -1619,6 +1700,7 @@ class AutoscalerState:
             assert not b.rejoin or self.closing, (b, "un-drains left unsent")
             if b.scaled_in or b.leaves:
                 assert b.retiring, (b, "scaled in or leaving but counted")
+            assert not b.lost or b.stopping, (b, "lost but not stopped")
             if b.stopping or b.draining or b.drained or b.unknown or b.stuck:
                 assert b.retiring, (b, "scaled in but not retiring")
             if b.retiring and not self.closing and not b.stopping:

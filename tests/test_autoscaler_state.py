@@ -29,6 +29,7 @@ from actors.autoscaler_state import (
     BlockEnd,
     BlockEnded,
     BlockHeld,
+    BlockLost,
     BlockRequeued,
     BlockRunning,
     BlockStarted,
@@ -845,6 +846,84 @@ def test_a_failed_start_counts_against_the_budget() -> None:
     assert run(s, BlockStartFailed(0.1, 1, "RuntimeError()")) == [StartBlock(2, "default", SPEC)]
     assert run(s, BlockStartFailed(0.2, 2, "RuntimeError()")) == [GaveUp("default", 2, 60.0)]
     assert s.counts() == {"default": 0} and s.ended == 2
+
+
+def test_a_running_block_whose_workers_were_lost_is_stopped_and_replaced_as_lost() -> None:
+    """A worker stopped (SIGSTOP), hung or cut off goes silent: the scheduler loses it
+    after its timeout and grace, but its process lives on and the provider still says
+    its block runs. Once every worker of the block that joined has been out of the
+    scheduler's counts for ``lost_grace`` (60 s), the block is stopped, listed as
+    ``lost`` and charged (a loop of hanging workers gives up), and the pool asks for
+    a replacement. Before, such a block counted against max_blocks for ever."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, QueuesSeen(1.0, {"default": 3}, {"w-1": 1})) == []  # it joined, runs
+    assert run(s, QueuesSeen(10.0, {"default": 3}, {})) == []  # lost to the scheduler
+    assert run(s, QueuesSeen(69.0, {"default": 3}, {})) == []  # 59 s: within the grace
+    assert s.counts() == {"default": 1}
+    assert run(s, QueuesSeen(70.0, {"default": 3}, {})) == [
+        BlockLost("block-1", "default", ("w-1",), 60.0),
+        StopBlock("block-1"),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert s.spent("default") == 1 and s.failed == {"default": 1}
+    assert "block-1 lost: its worker(s) w-1 left the scheduler" in s.last_failure["default"]
+    assert run(s, BlockStopped(71.0, "block-1", "stopped")) == []
+    why = s.last_failure["default"]
+    assert s.ends[-1] == BlockEnd("block-1", "default", "stopped", "lost", True, 71.0, 1, why)
+    assert s.ended_by == {"default": {"lost": 1}}
+
+
+def test_a_lost_block_that_ends_by_itself_while_stopped_is_listed_as_lost() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    run(s, QueuesSeen(1.0, {}, {"w-1": 0}))
+    run(s, QueuesSeen(2.0, {}, {}))
+    assert only(run(s, QueuesSeen(62.0, {}, {})), StopBlock) == [StopBlock("block-1")]
+    assert run(s, BlockEnded(62.5, "block-1", "failed")) == [
+        ReportGone("block-1", ("w-1",), "lost", "failed", s.last_failure["default"])
+    ]
+    assert s.spent("default") == 1  # charged once, when it was found lost
+
+
+def test_a_block_is_not_lost_while_a_worker_of_it_comes_back_or_never_joined() -> None:
+    """The grace restarts when a worker of the block is counted again (it rejoined);
+    a block whose workers never joined (still starting) is not lost: the provisioning
+    timeout is for those; a block the scheduler drained (walltime, an operator's
+    drain, preemption notice) ends on purpose; a multi-worker block with one worker
+    still there is not lost."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 3, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1",)))
+    run(s, BlockStarted(0.1, 2, "block-2", ("w-2",)))
+    run(s, BlockStarted(0.1, 3, "block-3", ("w-3a", "w-3b")))
+    assert run(s, QueuesSeen(1.0, {}, {"w-1": 1, "w-3a": 1, "w-3b": 1})) == []  # w-2: starting
+    assert run(s, QueuesSeen(10.0, {}, {"w-3a": 1})) == []
+    assert run(s, QueuesSeen(40.0, {}, {"w-1": 1, "w-3a": 1})) == []  # w-1 is back
+    assert run(s, QueuesSeen(50.0, {}, {"w-3a": 1})) == []
+    assert run(s, QueuesSeen(109.0, {}, {"w-3a": 1})) == []  # w-1: 59 s since 50
+    assert run(s, QueuesSeen(200.0, {}, {"w-3a": 1}))[:1] == [
+        BlockLost("block-1", "default", ("w-1",), 150.0)
+    ]
+    assert sorted(s.blocks) == ["block-1", "block-2", "block-3"]  # block-1 stopping
+    # A block the scheduler drained (its walltime is near) is left to end on purpose.
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    run(s, QueuesSeen(1.0, {}, {"w-1": 1}, frozenset({"w-1"}), walltime=frozenset({"w-1"})))
+    assert only(run(s, QueuesSeen(2.0, {}, {})), BlockLost) == []
+    assert only(run(s, QueuesSeen(500.0, {}, {})), BlockLost) == []
+
+
+def test_no_lost_blocks_with_lost_grace_none() -> None:
+    s = AutoscalerState(AutoscalerConfig(lost_grace=None), None)
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    run(s, QueuesSeen(1.0, {}, {"w-1": 0}))
+    assert run(s, QueuesSeen(2.0, {}, {})) == []
+    assert run(s, QueuesSeen(1000.0, {}, {})) == []
 
 
 # ----------------------------------------------------------------------------- shutdown
