@@ -72,6 +72,7 @@ from runtime.errors import (
     RemoteError,
     size_text,
 )
+from runtime.graph import category_of
 from runtime.home import corral_home, private_dir
 from runtime.messages import (
     ANY_POOL,
@@ -98,6 +99,7 @@ from runtime.messages import (
     TaskRecord,
     TasksQuery,
     UndrainRequest,
+    pool_key,
     pool_name,
     pool_name_problem,
 )
@@ -768,7 +770,25 @@ class ConsoleClient:
                 f"no transitions recorded for {key!r}: give a key as `tasks` shows it, or a "
                 "worker id"
             )
-        return Result("story", {"key": key, "transitions": entries}, render_story(key, entries))
+        data: dict[str, Any] = {"key": key, "transitions": entries}
+        shown = render_story(key, entries)
+        if _latest_state(entries) == "queued":
+            data["waits"] = why = await self._why_waiting(key)
+            shown = Group(shown, Text("why it waits now: " + " ".join(why)))
+        return Result("story", data, shown)
+
+    async def _why_waiting(self, key: str) -> list[str]:
+        """Why the ready task ``key`` is sent to no worker yet, as sentences, from the
+        status (its pool's workers and their cores busy, a placement stall, its blocks
+        against ``max_blocks``) and the task's pool (looked up among the ready tasks of
+        its category: unknown when the page does not hold it)."""
+        st = jsonable(await self.status(categories=1))
+        try:
+            rows = await self.tasks("queued", category_of(key), 0)
+        except (ValueError, CorralError):
+            rows = []
+        found = [r for r in rows if r.key == key]
+        return why_waiting(st, pool_key(found[0].pool) if found else None)
 
     async def _cmd_policy(self, rest: str) -> Result:
         words = _words(rest)
@@ -1699,6 +1719,89 @@ def render_tasks(
     else:
         return t  # all of them
     return Group(t, Text(f"(rows {offset + 1}-{last}{more})"))
+
+
+def _latest_state(entries: Sequence[Sequence[str]]) -> str:
+    """The state a task's story leaves it in: the ``to`` of its latest row that is a
+    state change ("" when none is)."""
+    for _, frm, to, _, _ in reversed(entries):
+        if frm in STATES and to in (*STATES, "forgotten"):
+            return to
+        if frm == "new":
+            return to
+    return ""
+
+
+def why_waiting(st: Mapping[str, Any], pool: str | None) -> list[str]:
+    """Why a ready task of pool key ``pool`` (None: not known) waits, in sentences, from
+    the manager's status ``st``: its pool's ready tasks and oldest wait, its workers
+    and their cores busy, a placement stall of the pool (why each idle worker takes
+    nothing), and with an autoscaler its blocks: pending, or the pool at its
+    ``max_blocks`` (read from the status's configuration)."""
+    if pool is None:
+        return [
+            "its pool is not known (not among the first ready tasks of its category): "
+            "`status` shows every pool's workers, ready tasks and blocks."
+        ]
+    queues, oldest = dict(st.get("queues") or {}), dict(st.get("queue_oldest_wait") or {})
+    name = "any pool" if pool == ANY_POOL else f"pool {pool}"
+    out = [
+        f"it is ready (its inputs are computed) and sent to no worker yet, one of "
+        f"{queues.get(pool, 0)} ready task(s) of {name} (the oldest waited "
+        f"{_seconds(oldest.get(pool))})."
+    ]
+    processing: dict[str, int] = dict(st.get("processing") or {})
+    workers = [w for w in st.get("workers") or () if pool == ANY_POOL or str(w.get("pool")) == pool]
+    cores = sum(int(w.get("cores", 0)) for w in workers)
+    busy = sum(
+        min(processing.get(str(w.get("worker_id")), 0), int(w.get("cores", 0))) for w in workers
+    )
+    if not workers:
+        out.append(f"No worker of {name} is connected.")
+    else:
+        out.append(
+            f"Its {len(workers)} worker(s) have {cores} core(s), {busy} of them running tasks"
+            + (": it waits for one to end." if busy >= cores else ".")
+        )
+    for d in st.get("placement_stalls") or ():
+        if d.get("pool") == pool:
+            p = placement_stall_parts(PlacementStallInfo(**d))
+            out.append(f"Stalled for placement: idle {p['idle']}. {p['advice']}.")
+    autoscaler = st.get("autoscaler")
+    config = dict(st.get("config") or {}).get(f"pools.{pool}")
+    if not isinstance(autoscaler, Mapping) or not isinstance(config, Mapping):
+        if not workers and pool != ANY_POOL:
+            out.append(
+                f"No pool {pool} is configured: it runs once a worker joins with --pool {pool}."
+            )
+        return out
+    blocks = dict(autoscaler.get("blocks") or {})
+    mine = [b for b, p in dict(autoscaler.get("block_pools") or {}).items() if p == pool]
+    pending = [b for b in mine if blocks.get(b) != "running"]
+    most = int(str(dict(config.get("max_blocks") or {}).get("value", 0)) or 0)
+    wanted = dict(autoscaler.get("desired") or {}).get(pool)
+    at_work = f"{len(mine) - len(pending)} running and {len(pending)} not running yet"
+    if pool in (autoscaler.get("gave_up") or ()) or pool in (autoscaler.get("paused") or ()):
+        out.append(
+            f"Pool {pool} asks for no block until resumed (`resume {pool}`): {at_work}; "
+            "`status` says why."
+        )
+    elif pending:
+        out.append(
+            f"Blocks of pool {pool}: {at_work} ({', '.join(sorted(pending))}): it may run "
+            "once they start."
+        )
+    elif most and len(mine) >= most and busy >= cores:
+        out.append(
+            f"Pool {pool} is at its max_blocks ({most} blocks: {at_work}), so no block more is "
+            f"asked for: raise max_blocks in [pools.{pool}] to run more at once."
+        )
+    else:
+        out.append(
+            f"Blocks of pool {pool}: {at_work}, of max_blocks {most}; its scaling policy "
+            f"wants {wanted if wanted is not None else '-'}."
+        )
+    return out
 
 
 def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
