@@ -955,7 +955,12 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "summary": "Tasks of pool {{ $labels.pool }} wait for a worker",
             # true while pending too: it does not say the minute of `for` has passed
             "description": "{{ $value }} ready tasks of pool {{ $labels.pool }}; the oldest "
-            "has waited over a minute (the alert fires once that has held for a minute).",
+            "has waited over a minute (the alert fires once that has held for a minute). "
+            "Why one waits: `tasks --state queued` in the console lists them, and `story "
+            "KEY` says why (every core of its pool busy, blocks not running yet, the pool "
+            "at its max_blocks, no worker with the cores or memory it asks for). To scale "
+            "the pool out on this alert, copy the rule under another name with a "
+            "scale_out action.",
         },
     },
     {

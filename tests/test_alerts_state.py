@@ -200,7 +200,11 @@ def test_the_default_queue_rule_s_description_is_true_while_pending() -> None:
     (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralQueueTime"]
     st = AlertState([parse_rule(d, SAMPLE_LABELS)])
     said = "9 ready tasks of pool gpu; the oldest has waited over a minute (the alert fires "
-    said += "once that has held for a minute)."
+    said += "once that has held for a minute). Why one waits: `tasks --state queued` in the "
+    said += "console lists them, and `story KEY` says why (every core of its pool busy, blocks "
+    said += "not running yet, the pool at its max_blocks, no worker with the cores or memory it "
+    said += "asks for). To scale the pool out on this alert, copy the rule under another name "
+    said += "with a scale_out action."
     (n,) = only(st.handle(Evaluate(0.0, queue(9, 61.0, pool="gpu"))), Notify)
     assert (n.alert.state, n.alert.annotations["description"]) == ("pending", said)
     (n,) = only(st.handle(Evaluate(60.0, queue(9, 121.0, pool="gpu"))), Notify)
