@@ -1293,6 +1293,16 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
     return lines
 
 
+def _blocks_text(seen: tuple[list[str], list[str], int] | None) -> str:
+    """A pool's blocks for the status's pools table: running, those not running yet,
+    of its ``max_blocks`` (``3 of 3``, ``1 +2 starting of 3``; ``-``: no autoscaler)."""
+    if seen is None:
+        return "-"
+    running, pending, most = seen
+    starting = f" +{len(pending)} starting" if pending else ""
+    return f"{len(running)}{starting} of {most}" if most else f"{len(running)}{starting}"
+
+
 def _placement_stall_lines(st: Mapping[str, Any]) -> list[Text]:
     """A line per pool the placement watchdog finds stalled (ready tasks, an idle
     worker, nothing placed), and how many stalls each pool had (none: no line)."""
@@ -1420,7 +1430,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     lives: dict[str, dict[str, Any]] = dict(st.get("survival") or {})
     pt = Table(title="pools", title_justify="left")
     pcols = (
-        "pool", "workers", "cores", "running", "ready", "oldest wait", "target blocks",
+        "pool", "workers", "cores", "running", "ready", "oldest wait", "blocks", "target blocks",
         "lost/lives", "median life",
     )  # fmt: skip
     for col in pcols:
@@ -1437,6 +1447,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             str(p["running"]),
             str(queues.get(pool, 0)),
             _seconds(oldest.get(pool)),
+            _blocks_text(_pool_blocks(st, pool)),
             "-" if target is None else str(target),
             f"{life.get('deaths', 0)}/{life.get('lives', 0)}" if life else "-",
             _seconds(life.get("median")) if life.get("median") is not None else "-",
@@ -1732,6 +1743,24 @@ def _latest_state(entries: Sequence[Sequence[str]]) -> str:
     return ""
 
 
+def _pool_blocks(st: Mapping[str, Any], pool: str) -> tuple[list[str], list[str], int] | None:
+    """``pool``'s live blocks, running and not running yet (by id), and its
+    ``max_blocks`` (from the status's configuration; 0: not known), or None when the
+    manager has no autoscaler or does not configure ``pool``."""
+    autoscaler = st.get("autoscaler")
+    config = dict(st.get("config") or {}).get(f"pools.{pool}")
+    if not isinstance(autoscaler, Mapping) or not isinstance(config, Mapping):
+        return None
+    blocks = dict(autoscaler.get("blocks") or {})
+    mine = sorted(b for b, p in dict(autoscaler.get("block_pools") or {}).items() if p == pool)
+    most = str(dict(config.get("max_blocks") or {}).get("value", "0"))
+    return (
+        [b for b in mine if blocks.get(b) == "running"],
+        [b for b in mine if blocks.get(b) != "running"],
+        int(most) if most.isdigit() else 0,
+    )
+
+
 def why_waiting(st: Mapping[str, Any], pool: str | None) -> list[str]:
     """Why a ready task of pool key ``pool`` (None: not known) waits, in sentences, from
     the manager's status ``st``: its pool's ready tasks and oldest wait, its workers
@@ -1767,20 +1796,18 @@ def why_waiting(st: Mapping[str, Any], pool: str | None) -> list[str]:
         if d.get("pool") == pool:
             p = placement_stall_parts(PlacementStallInfo(**d))
             out.append(f"Stalled for placement: idle {p['idle']}. {p['advice']}.")
-    autoscaler = st.get("autoscaler")
-    config = dict(st.get("config") or {}).get(f"pools.{pool}")
-    if not isinstance(autoscaler, Mapping) or not isinstance(config, Mapping):
+    seen = _pool_blocks(st, pool)
+    if seen is None:
         if not workers and pool != ANY_POOL:
             out.append(
                 f"No pool {pool} is configured: it runs once a worker joins with --pool {pool}."
             )
         return out
-    blocks = dict(autoscaler.get("blocks") or {})
-    mine = [b for b, p in dict(autoscaler.get("block_pools") or {}).items() if p == pool]
-    pending = [b for b in mine if blocks.get(b) != "running"]
-    most = int(str(dict(config.get("max_blocks") or {}).get("value", 0)) or 0)
+    autoscaler = dict(st.get("autoscaler") or {})
+    running, pending, most = seen
+    mine = running + pending
     wanted = dict(autoscaler.get("desired") or {}).get(pool)
-    at_work = f"{len(mine) - len(pending)} running and {len(pending)} not running yet"
+    at_work = f"{len(running)} running and {len(pending)} not running yet"
     if pool in (autoscaler.get("gave_up") or ()) or pool in (autoscaler.get("paused") or ()):
         out.append(
             f"Pool {pool} asks for no block until resumed (`resume {pool}`): {at_work}; "

@@ -549,7 +549,7 @@ def test_status_shows_each_pools_oldest_wait_from_the_status() -> None:
         "queue_oldest_wait": {"gpu": 46.08, "*": 0.5},
     })  # fmt: skip
     rows = {line.split("│")[1].strip(): line.split("│") for line in text.splitlines()
-            if line.startswith("│ ") and len(line.split("│")) == 11}  # fmt: skip
+            if line.startswith("│ ") and len(line.split("│")) == 12}  # fmt: skip
     assert rows["gpu"][5].strip() == "6" and rows["gpu"][6].strip() == "46.08 s", text
     assert rows["(any pool)"][6].strip() == "500.0 ms", text
     assert rows["cpu"][5].strip() == "0" and rows["cpu"][6].strip() == "-", text

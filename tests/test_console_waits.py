@@ -70,6 +70,10 @@ async def test_the_story_of_a_ready_task_says_why_it_waits(tmp_path: Path) -> No
                     "the story to say the pool is at max_blocks", step=0.1,
                 )  # fmt: skip
                 assert "raise max_blocks in [pools.ci]" in said
+                # The status's pools table says the same: one block of its max_blocks 1.
+                status = await console.run_command("status")
+                row = next(line for line in status.splitlines() if line.startswith("│ ci "))
+                assert row.split("│")[7].strip() == "1 of 1", row
                 data = json.loads(await console.run_command("story hold-2 --json"))
                 assert any("at its max_blocks" in s for s in data["waits"])
                 # A task that runs has no such section.
