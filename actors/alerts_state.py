@@ -999,7 +999,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "annotations": {
             "summary": "Pool {{ $labels.pool }} has ready tasks and no worker",
             "description": "{{ $value }} ready tasks of pool {{ $labels.pool }} and no worker "
-            "to run them for two minutes.",
+            "to run them for two minutes. {{ $notes.blocks_pending }}",
         },
     },
     {
@@ -1298,6 +1298,8 @@ NOTES: Mapping[str, str] = {
     "why (Slurm's state and exit code, the last lines of its stderr and where that file is)",
     "suspended_why": "per pool, while it asks for no block until resumed: why (its batch "
     "system's latest refusal, or the latest of the blocks that kept ending)",
+    "blocks_pending": "per pool, while its autoscaler has blocks asked for and not running "
+    "yet: how many, and how long the oldest has waited",
 }
 
 
@@ -1600,7 +1602,7 @@ class AlertState:
             name=a.rule,
             state=a.state,
             labels=labels,
-            annotations={k: _TEMPLATE.sub(fill, v) for k, v in a.annotations.items()},
+            annotations={k: _TEMPLATE.sub(fill, v).rstrip() for k, v in a.annotations.items()},
             value=a.value,
             active_since=a.active_since,
             fired_at=a.fired_at,

@@ -573,15 +573,32 @@ def notes(snapshot: MetricsReply) -> dict[Sample, str]:
     ``actors.alerts_state.NOTES``), by name and labels as samples are: per pool its
     latest block that failed or ended unasked, and why (``last_block_failure``: the
     first line of its detail and its last two), and while it asks for no block until
-    resumed, why (``suspended_why``); each at most :data:`NOTE_CHARS`, on one line."""
+    resumed, why (``suspended_why``); its blocks asked for and not running yet, how
+    many and the oldest's age (``blocks_pending``); each at most :data:`NOTE_CHARS`, on one line."""
     out: dict[Sample, str] = {}
     for pool, b in sorted(snapshot.blocks.items()):
-        texts = (("last_block_failure", b.last_failure), ("suspended_why", b.suspended_why))
+        texts = (
+            ("last_block_failure", b.last_failure),
+            ("suspended_why", b.suspended_why),
+            ("blocks_pending", _blocks_pending(b)),
+        )
         for name, text in texts:
             if text:
                 one_line = brief_detail(text).replace("\n", " / ")
                 out[(name, (("pool", pool),))] = bounded_detail(one_line, NOTE_CHARS)
     return out
+
+
+def _blocks_pending(b: BlockMetrics) -> str:
+    """A pool's blocks asked for and not running yet, as a sentence ("" with none)."""
+    n = sum(count for state, count in b.states.items() if state != "running")
+    if not n or b.oldest_pending <= 0:
+        return ""
+    return (
+        f"Its autoscaler has {n} block(s) asked for and not running yet, the oldest for "
+        f"{b.oldest_pending:.0f} s: they join once their provider starts them "
+        "(CorralProvisioningStuck fires past 10 minutes)."
+    )
 
 
 def _every_sample() -> dict[str, frozenset[str]]:

@@ -384,6 +384,42 @@ def no_workers() -> AlertRule:
     return r
 
 
+def test_no_workers_says_when_the_pools_blocks_are_on_their_way() -> None:
+    """A pool scaling from zero whose blocks take longer than two minutes to start (cloud
+    machines, a batch queue) fires CorralNoWorkers while they are pending (an ops audit:
+    blocks pending 150 s). Its description then says they are asked for, how many and
+    for how long, and which alert tells when that is too long; without pending blocks,
+    it ends after its first sentence."""
+    from runtime.metrics import notes as block_notes
+
+    st = AlertState([no_workers()])
+    idle = {"idle": 0, "busy": 0, "draining": 0}
+    pool = {"queue_depth": 2, "workers": idle}
+    pending = MetricsReply(
+        pools={"cloud": PoolMetrics(**pool)},
+        blocks={"cloud": BlockMetrics(states={"pending": 2}, oldest_pending=150.4)},
+    )
+    st.handle(Evaluate(0.0, samples(pending), block_notes(pending)))
+    (n,) = only(st.handle(Evaluate(120.0, samples(pending), block_notes(pending))), Notify)
+    assert (n.alert.state, n.alert.annotations["description"]) == (
+        "firing",
+        "2 ready tasks of pool cloud and no worker to run them for two minutes. Its "
+        "autoscaler has 2 block(s) asked for and not running yet, the oldest for 150 s: they "
+        "join once their provider starts them (CorralProvisioningStuck fires past 10 "
+        "minutes).",
+    )
+    none = MetricsReply(
+        pools={"cloud": PoolMetrics(**pool)}, blocks={"cloud": BlockMetrics(states={})}
+    )
+    assert block_notes(none) == {}
+    st = AlertState([no_workers()])
+    st.handle(Evaluate(0.0, samples(none), block_notes(none)))
+    (n,) = only(st.handle(Evaluate(120.0, samples(none), block_notes(none))), Notify)
+    assert n.alert.annotations["description"] == (
+        "2 ready tasks of pool cloud and no worker to run them for two minutes."
+    )
+
+
 def test_and_or_sum_by_over_worker_states() -> None:
     st = AlertState([no_workers()])
     idle = {"idle": 0, "busy": 0, "draining": 0}
