@@ -455,6 +455,20 @@ class Floor(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Alone(Command):
+    """Producer ``key`` starts alone on an idle worker although its expected output
+    (``expected``, bytes: its category's, learnt here) does not fit under the terminate
+    fence from the worker's RSS (``rss``, its floor after a trim): nothing on the worker
+    can free more, so waiting would hold it for ever (its :class:`Run` comes with
+    this). A thread worker runs it past its limit, as it did the first such task; a
+    process worker's terminate fence kills it if it grows as expected."""
+
+    key: Any
+    expected: int
+    rss: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Kill(Command):
     """Kill the running task ``key``: memory crossed the terminate fence. ``own``:
     its process's RSS in the sample (what of ``rss`` is the task's own)."""
@@ -665,6 +679,7 @@ class MemoryGovernor:
         if self._trimming:
             self._trimming = False
             self._mark(ev.rss, out)
+            self._alone(ev, out)
         elif self.floor and ev.rss < self.floor:
             self._mark(ev.rss, out)  # less is not outputs than measured: marks move down
         elif ev.now - self._trim_at >= TRIM_EVERY and (
@@ -673,6 +688,22 @@ class MemoryGovernor:
             self._trim_at = ev.now
             self._trimming = True
             out.append(Trim())
+
+    def _alone(self, ev: Sampled, out: list[Command]) -> None:
+        """The idle sample after a trim (the floor just measured): a producer still held
+        back here with no producer running would wait for ever, since nothing on this
+        worker frees memory any more (no task runs, no output is in memory) and the
+        scheduler sends a throttled worker no producers to take its place (a 1.5 GB
+        output made once on a 1 GiB thread worker kept the next task of its category
+        deferred there, the worker throttled at 80 MiB of RSS, for ever, its peer idle).
+        The oldest starts, alone (:class:`Alone`): other producers wait for it."""
+        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
+        if oldest is None or self.producing or self.fits(oldest):
+            return
+        del self.deferred[oldest]
+        self.deferrals.pop(oldest, None)
+        self._start(oldest, out)
+        out.append(Alone(oldest, self.expected(oldest), ev.rss))
 
     def _held_back(self) -> bool:
         """Producers wait here that memory keeps from starting: the oldest deferred one

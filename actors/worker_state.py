@@ -49,6 +49,7 @@ from runtime.graph import Key
 from runtime.messages import get_data_batches
 
 __all__ = [
+    "ALONE_EVENT",
     "FLOOR_EVENT",
     "KEEP_REPLICA_BYTES",
     "RUN_THREADS",
@@ -98,6 +99,12 @@ SPARED_EVENT = (
     "past the terminate fence, but no running task's process grew since its task began: "
     "the memory is the worker process's (outputs, inputs and copies on their way), and "
     "killing a task would free none of it; none is killed"
+)
+#: the warning a worker logs when it starts, alone and idle, a producer whose expected
+#: output does not fit under its terminate fence (:class:`actors.memory.Alone`)
+ALONE_EVENT = (
+    "a producer expected to pass the terminate fence starts alone: the worker is idle "
+    "and nothing it holds can be freed to make room"
 )
 
 #: seconds a try executes before the scheduler is told it started (:class:`ReportStarted`):
@@ -1138,6 +1145,12 @@ class WorkerState:
                 self._killed_at[cmd.key] = cmd.rss
                 self._killed_own[cmd.key] = cmd.own
                 out.append(Kill(cmd.key, cmd.rss))
+            elif isinstance(cmd, mem.Alone):
+                alone: tuple[tuple[str, Any], ...] = (
+                    ("key", cmd.key), ("expected", cmd.expected), ("rss", cmd.rss),
+                    ("limit", self.governor.config.limit),
+                )  # fmt: skip
+                out.append(Log("warning", ALONE_EVENT, alone))
             elif isinstance(cmd, mem.Spared) and not self._over_terminate:
                 self._over_terminate = True  # once per climb past it, as for threads
                 spared = (("rss", cmd.rss), ("limit", cmd.limit), ("grown", cmd.grown))

@@ -10,6 +10,7 @@ from actors.memory import (
     OUTPUT_WINDOW,
     SPILL_GRACE,
     TRIM_EVERY,
+    Alone,
     Defer,
     Finished,
     Floor,
@@ -575,3 +576,37 @@ def test_an_outlier_output_is_forgotten_after_a_window_of_smaller_ones() -> None
     assert g.outputs == {"big": 300}
     g.handle(Ready(9.0, "big-9", True, "big"), Finished(9.0, "big-9", 0))  # failed: no size
     assert g.outputs == {"big": 300}
+
+
+def test_an_idle_worker_starts_alone_a_producer_that_fits_nowhere_after_its_trim() -> None:
+    """A 1.5 GB output made once on a 1 GiB thread worker (it ran past the limit, as
+    a first task of unknown size does): the next task of that category was deferred
+    there for ever, the worker throttled at 80 MiB of RSS holding nothing, its peer
+    idle, no error. Idle and holding back a producer that fits nowhere, the worker
+    trims, measures its floor, and then starts the oldest such producer alone, with a
+    warning; the others wait for it."""
+    g = gov(first_delay=0.5)  # resume 600, throttle 700, terminate 950
+    learnt(g, "big", 1500)
+    assert g.handle(Sampled(1.0, 80, idle=True, stored=0)) == []
+    assert g.handle(Ready(1.0, "big-1", True, "big"), Ready(1.0, "big-2", True, "big")) == [
+        Throttled(True, 80),
+        Defer("big-1", 1.5),
+        Defer("big-2", 1.5),
+    ]
+    # Not idle (an output in memory, or a task running): no trim, nothing starts.
+    assert g.handle(Sampled(1.1, 80, stored=10)) == []
+    # Idle: give memory back first, then the floor decides.
+    assert g.handle(Sampled(2.0, 80, idle=True, stored=0)) == [Trim()]
+    assert g.handle(Sampled(2.05, 78, idle=True, stored=0)) == [
+        Run("big-1"),
+        Alone("big-1", 1500, 78),
+    ]
+    assert g.throttled and list(g.deferred) == ["big-2"]  # it waits for big-1
+    assert g.handle(Sampled(4.1, 900, stored=0)) == [Spill(0)]  # big-1 runs: not alone
+    g.handle(Finished(5.0, "big-1", 0))  # gone to the client
+    assert g.handle(Sampled(5.0, 78, idle=True, stored=0)) == [Trim()]
+    assert g.handle(Sampled(5.05, 78, idle=True, stored=0)) == [
+        Run("big-2"),
+        Alone("big-2", 1500, 78),
+        Throttled(False, 78),
+    ]
