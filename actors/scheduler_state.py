@@ -4480,6 +4480,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         now = self._now
         if not self.free:
             return
+        if self.throttled:
+            self._take_back_deferred(after, now)
         # Free workers per pool, counted once (not per worker: a tick with many workers
         # scanned them all for each), again only after a take-back changed them.
         free_in = Counter(w.pool for w in self.free.values())
@@ -4506,6 +4508,26 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if waiting:
                 self._update_free(ws)
                 free_in = Counter(w.pool for w in self.free.values())
+
+    def _take_back_deferred(self, after: float, now: float) -> None:
+        """Producers sent to a throttled worker ``takeback_after`` seconds ago or more
+        and not executing there (deferred by its memory governor) are taken back and
+        queued again, while a worker of their pool that is not throttled is free: a
+        throttled worker gets no producer, so from the queue they go to it. (A worker
+        holding a client's 500 MB output with spilling off kept a producer deferred for
+        ever, throttled, while its peer idled: no error, since the memory watchdog
+        needs every worker of the pool throttled.) Not ``jammed``: the worker's
+        consumers are what frees its memory, and the throttle keeps producers away."""
+        free_in = Counter(w.pool for w in self.free.values() if not w.throttled)
+        for wid in list(self.throttled):
+            ws = self.workers.get(wid)
+            if ws is None or not free_in[ws.pool]:
+                continue
+            stuck = [t for t in ws.waiting if t.producer and now - t.sent >= after]
+            for ts in sorted(stuck, key=_prio_key):
+                self._log(ts.key, "processing", f"taken-back:{ws.id} (throttled)")
+                self._unassign(ts, cancel=True, cause="moved")
+                self._wait_or_queue(ts)
 
     @staticmethod
     def _fenced(ws: WorkerState) -> str:

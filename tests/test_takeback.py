@@ -22,6 +22,7 @@ from actors.scheduler_events import (
     TasksRunning,
     Tick,
     WorkerJoined,
+    WorkerMemory,
 )
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
@@ -132,6 +133,57 @@ def test_every_try_waiting_goes_back_to_the_queue_while_another_worker_is_free(
     assert sorted(cancelled(out)) == [("w1", k) for k in ["t-1", *on_w1]]
     assert sent(out) == [("w2", "t-1")]
     assert s.count("queued") == 2 and not s.workers["w1"].waiting
+
+
+def test_producers_deferred_on_a_throttled_worker_move_to_a_free_one(
+    make_state: Factory,
+) -> None:
+    """A worker holding a client's 500 MB output, spilling off, kept a producer deferred
+    for ever (it did not fit under its fences), throttled, while its peer idled: the
+    memory watchdog needs every worker of the pool throttled, so nothing failed either.
+    Producers waiting on a throttled worker for ``takeback_after`` go back to the queue
+    while a worker that is not throttled is free, and from there to it."""
+    s = make_state(
+        speculation="off", unknown_long=False, long_task=float("inf"), stall_timeout=1000.0
+    )  # the memory watchdog would fail them while every worker is throttled
+    at(s, WorkerJoined, T0 - 1, worker="w1", cores=1, memory=2**30)
+    keys = ["p-0", "p-1"]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=tuple(keys))) == [
+        ("w1", "p-0"),
+        ("w1", "p-1"),
+    ]
+    assert s.tasks["p-0"].producer  # no deps, nothing known yet: a loader
+    memory = {"rss": 600 * 2**20, "throttle_at": 700 * 2**20, "limit": 2**30}
+    at(s, WorkerMemory, T0 + 0.5, worker="w1", throttled=True, **memory)
+    assert at(s, Tick, T0 + 30) == []  # no other worker: they wait (the watchdog's case)
+    at(s, WorkerJoined, T0 + 31, worker="w2", cores=1, memory=2**30)
+    at(s, WorkerMemory, T0 + 31, worker="w2", throttled=True, **memory)
+    assert at(s, Tick, T0 + 32) == []  # the free worker is throttled too: no move
+    at(s, WorkerMemory, T0 + 33, worker="w2", throttled=False, **memory)
+    out = at(s, Tick, T0 + 34)
+    assert sorted(cancelled(out)) == [("w1", "p-0"), ("w1", "p-1")]
+    assert sent(out) == [("w2", "p-0"), ("w2", "p-1")]
+    assert [(t.worker, t.outcome, t.cause) for t in s.tasks["p-0"].tries] == [
+        ("w1", "cancelled", "moved")
+    ]
+    assert ("p-0", "processing", "taken-back:w1 (throttled)") in [e[:3] for e in s.story("p-0")]
+
+
+def test_a_producer_executing_on_a_throttled_worker_stays(make_state: Factory) -> None:
+    """Only producers that have not begun move: one the worker said executes stays."""
+    s = make_state(speculation="off", unknown_long=False, long_task=float("inf"))
+    at(s, WorkerJoined, T0 - 1, worker="w1", cores=2, memory=2**30)
+    specs = specs_for(s, {"p-0": [], "p-1": []}, ["p-0", "p-1"])
+    assert len(sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("p-0", "p-1")))) == 2
+    attempt = s._attempt_on(s.tasks["p-0"], "w1")
+    at(s, TasksRunning, T0 + 1, worker="w1", started=(("p-0", attempt, 1.0),))
+    memory = {"rss": 600 * 2**20, "throttle_at": 700 * 2**20, "limit": 2**30}
+    at(s, WorkerMemory, T0 + 1, worker="w1", throttled=True, **memory)
+    at(s, WorkerJoined, T0 + 2, worker="w2", cores=1, memory=2**30)
+    out = at(s, Tick, T0 + 60)
+    assert cancelled(out) == [("w1", "p-1")] and sent(out) == [("w2", "p-1")]
+    assert s.tasks["p-0"].worker == "w1"
 
 
 def test_takeback_after_is_checked() -> None:
