@@ -10,6 +10,13 @@ Three cases, each a dask array computation sized well beyond the workers' memory
   (default 1.5) times the workers' combined pause threshold (``workers x 0.8 x
   --limit``, rounded up to whole chunks: 2.59 GB at the defaults), then
   ``y.sum().compute()``. Users report dask.distributed hanging for ever here.
+- the loader cases, a memory-bound user's read_parquet-shaped graphs as
+  ``dask.delayed``: ``--loads`` (default 80) loaders, each making a float64 array of
+  50-150 MB (``load_elements``), consumed by reductions that free them:
+  ``loads-pairwise`` (pairs of loads reduced together, then a binary tree),
+  ``loads-wide`` (sum each load, then one combine of all the sums) and
+  ``loads-fanout`` (every 10th load feeds 10 slices, the others one sum: an unbalanced
+  fan-out). Their result is checked exactly, not within 1%.
 
 Systems, each with ``--workers`` (default 2) worker processes of one thread and
 ``--limit`` (default 1 GiB) of memory each, the scheduler and the client in the
@@ -111,6 +118,7 @@ Caveats:
     python benchmarks/memory.py --size 8000 --timeout 60         # quick check
     python benchmarks/memory.py --systems corral,dask-queuing-on,corral-process
     python benchmarks/memory.py --cases persist --repeat 3 --json out.json
+    python benchmarks/memory.py --cases loads-pairwise,loads-wide,loads-fanout --loads 120
 """
 
 from __future__ import annotations
@@ -146,7 +154,9 @@ if importlib.util.find_spec("runtime") is None:
 
 SYSTEMS = ("dask-queuing-on", "dask-queuing-off", "corral", "corral-process")
 DEFAULT_SYSTEMS = ("dask-queuing-on", "dask-queuing-off", "corral")
-CASES = ("mean", "stack", "persist")
+CASES = ("mean", "stack", "persist", "loads-pairwise", "loads-wide", "loads-fanout")
+#: The loader cases (``loads-*``): ``--loads`` loaders, each an array of 50-150 MB.
+LOAD_CASES = ("loads-pairwise", "loads-wide", "loads-fanout")
 #: dask's default worker memory fractions, set explicitly for both dask systems.
 DASK_MEMORY = {"target": 0.6, "spill": 0.7, "pause": 0.8, "terminate": 0.95}
 #: Corral may take at most this many times dask-queuing-on's wall time.
@@ -189,8 +199,11 @@ class Sizes:
     size: int
     chunk: int
     persist_side: int
+    loads: int = 80
 
     def nbytes(self, case: str) -> int:
+        if case in LOAD_CASES:
+            return sum(load_elements(i) * 8 for i in range(self.loads))
         if case == "persist":
             return self.persist_side**2 * 8
         return self.size * self.size * 8  # mean: one n x n array; stack: two n x n/2
@@ -200,11 +213,83 @@ def sizes_of(args: argparse.Namespace) -> Sizes:
     pause_total = args.workers * DASK_MEMORY["pause"] * args.limit
     target = args.persist_factor * pause_total
     side = math.ceil(math.sqrt(target / 8) / args.chunk) * args.chunk
-    return Sizes(args.size, args.chunk, side)
+    return Sizes(args.size, args.chunk, side, args.loads)
+
+
+def load_elements(i: int) -> int:
+    """Float64 elements of loader ``i``'s array: 50-150 MB, varying with ``i``."""
+    return (50 + (i * 37) % 101) * 1_000_000 // 8
+
+
+def load(i: int) -> Any:
+    """A loader (a read_parquet-like task): a large array made of nothing."""
+    import numpy as np
+
+    return np.full(load_elements(i), float(i % 7 + 1))
+
+
+def total_of(a: Any) -> float:
+    return float(a.sum())
+
+
+def pair_total(a: Any, b: Any) -> float:
+    return float(a.sum()) + float(b.sum())
+
+
+def add(a: float, b: float) -> float:
+    return a + b
+
+
+def combine(*parts: float) -> float:
+    return float(sum(parts))
+
+
+def slice_total(a: Any, j: int, n: int) -> float:
+    return float(a[j::n].sum())
+
+
+def build_loads(case: str, loads: int) -> tuple[Any, float]:
+    """The loader cases: user read_parquet-shaped graphs, as dask.delayed."""
+    from dask import delayed
+
+    expected = float(sum(load_elements(i) * (i % 7 + 1) for i in range(loads)))
+    arrays = [delayed(load, pure=True)(i, dask_key_name=f"load-{i}") for i in range(loads)]
+    if case == "loads-wide":  # sum each, then combine all
+        sums = [delayed(total_of)(a, dask_key_name=f"sum-{i}") for i, a in enumerate(arrays)]
+        return delayed(combine)(*sums, dask_key_name="combine"), expected
+    if case == "loads-pairwise":  # pairs of loads reduced together, then a binary tree
+        level = [
+            delayed(pair_total)(arrays[i], arrays[i + 1], dask_key_name=f"pair-{i}")
+            if i + 1 < loads
+            else delayed(total_of)(arrays[i], dask_key_name=f"pair-{i}")
+            for i in range(0, loads, 2)
+        ]
+        depth = 0
+        while len(level) > 1:
+            depth += 1
+            level = [
+                delayed(add)(level[i], level[i + 1], dask_key_name=f"tree-{depth}-{i}")
+                if i + 1 < len(level)
+                else level[i]
+                for i in range(0, len(level), 2)
+            ]
+        return level[0], expected
+    # loads-fanout: every 10th load feeds 10 slices, the others one sum: unbalanced
+    parts = []
+    for i, a in enumerate(arrays):
+        if i % 10 == 0:
+            parts += [
+                delayed(slice_total)(a, j, 10, dask_key_name=f"slice-{i}-{j}") for j in range(10)
+            ]
+        else:
+            parts.append(delayed(total_of)(a, dask_key_name=f"sum-{i}"))
+    return delayed(combine)(*parts, dask_key_name="combine"), expected
 
 
 def build(case: str, sizes: Sizes) -> tuple[Any, float]:
     """The case's collection (for persist: the array to persist) and its expected value."""
+    if case in LOAD_CASES:
+        return build_loads(case, sizes.loads)
     import dask.array as da
 
     n, c = sizes.size, (sizes.chunk, sizes.chunk)
@@ -219,9 +304,10 @@ def build(case: str, sizes: Sizes) -> tuple[Any, float]:
     return da.random.random((m, m), chunks=c), m * m / 2
 
 
-def check_value(value: Any, expected: float) -> float:
+def check_value(value: Any, expected: float, exact: bool = False) -> float:
+    """The value, checked within 1% (random arrays), or exactly (the loader cases)."""
     got = float(value)
-    if not math.isfinite(got) or abs(got - expected) > 0.01 * abs(expected):
+    if not math.isfinite(got) or abs(got - expected) > (0 if exact else 0.01 * abs(expected)):
         raise AssertionError(f"wrong result: got {got!r}, expected about {expected!r}")
     return got
 
@@ -372,7 +458,9 @@ def run_dask(args: argparse.Namespace, case: str, report: Reporter) -> None:
             else:
                 fut = client.compute(collection)
             value = check_value(
-                fut.result(timeout=max(0.0, deadline - time.perf_counter())), expected
+                fut.result(timeout=max(0.0, deadline - time.perf_counter())),
+                expected,
+                case in LOAD_CASES,
             )
         except TimeoutError:
             outcome = "hang"
@@ -458,7 +546,7 @@ async def corral_case(
     (optimized,) = dask.optimize(collection)
     if case != "persist":
         (value,) = await cluster.compute(optimized.__dask_graph__(), optimized.__dask_keys__())
-        return check_value(value, expected)
+        return check_value(value, expected, case in LOAD_CASES)
     keys = list(flatten(collection.__dask_keys__()))
     futures = await cluster.submit_graph(optimized.__dask_graph__(), keys)
     try:
@@ -699,6 +787,8 @@ def child_argv(args: argparse.Namespace, system: str, case: str, report: Path, s
         str(args.timeout),
         "--persist-factor",
         str(args.persist_factor),
+        "--loads",
+        str(args.loads),
     ]
     for item in args.corral_option:
         argv += ["--corral-option", item]
@@ -1095,6 +1185,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=20_000, help="array side (default 20000)")
     parser.add_argument("--chunk", type=int, default=2_000, help="chunk side (default 2000)")
+    parser.add_argument(
+        "--loads", type=int, default=80, help="loaders of the loads-* cases (default 80)"
+    )
     parser.add_argument(
         "--limit", type=parse_size, default=GIB, help="memory per worker (default 1GiB)"
     )
