@@ -1155,6 +1155,18 @@ class ClientActor(Actor):
             self.waiters.setdefault(key, []).append(waiter)
         if waiter.pending:
             await waiter.event.wait()
+            if waiter.failed is None:
+                # A key whose done word settled this wait may have failed since: its
+                # output lost, the task made again failed (a third crash, say). That
+                # word settles no waiter (this one was settled); a gather must raise
+                # it, not fetch the key: the manager, which has no KeyDone of it,
+                # answers "missing", and the client would wait for a word that came.
+                for key in keys:
+                    w = self.watches.get(key)
+                    if w is None:
+                        return key
+                    if w.update is not None and not isinstance(w.update, KeyDone):
+                        return key
         return waiter.failed
 
     async def cancel_told(self, request: _Cancel) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 import runtime.client
 from actors.manager import Manager, _Gathered, _SendDelivered
-from actors.scheduler_events import KeyDone
+from actors.scheduler_events import KeyDone, KeyErred
 from actors.transfer import StreamInfo
 from runtime import Cluster
 from runtime.errors import ActorStopped
@@ -182,6 +182,39 @@ async def test_a_missing_key_waits_for_the_scheduler_s_next_word() -> None:
                 await scheduler_says(cluster, done("fake-2"))
             assert got == [2]
             assert await wanted_pending(cluster) == 0
+
+
+async def test_a_done_key_that_fails_when_made_again_fails_the_gather() -> None:
+    """A gather of two keys: the first is done, its output is lost and the task made
+    again fails (a fan-in whose worker is killed, a third crash: TaskCrashedWorkers)
+    while the gather still waits for the second. The gather raises that failure once
+    the second is done. Before, the done word had settled the first key's wait, the
+    failure came after it, and the gather's fetch (the manager has no KeyDone of it)
+    wiped the failure from the future: the gather waited for ever, the scheduler
+    counting the key erred (the physics audit: 14 results done, 1 erred, no end)."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fx, fy = await cluster.submit_graph({KEY: (inc, 1), "y": (inc, 2)}, [KEY, "y"])
+            await spawn(cluster, "fake-2", FakeWorker({"y": 3}))
+            raised: list[BaseException] = []
+
+            async def gather() -> None:
+                try:
+                    await cluster.gather([fx, fy])
+                except Exception as exc:  # the test reads it
+                    raised.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gather)
+                client = cluster._client_actor
+                await wait_until(lambda: "y" in client.waiters, "the gather to wait")
+                await scheduler_says(cluster, done("fake-1"))  # x done (then lost)
+                boom = RuntimeError("made again, it failed")
+                await scheduler_says(cluster, KeyErred("test", KEY, boom, KEY, boom))
+                await scheduler_says(cluster, KeyDone("test", "y", "fake-2", 8))
+            assert [type(e) for e in raised] == [RuntimeError]
+            assert "made again, it failed" in str(raised[0])
+            assert fx.status == "error"
 
 
 async def test_as_completed_with_results_waits_for_a_lost_result_as_gather_does() -> None:
