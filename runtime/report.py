@@ -1128,6 +1128,13 @@ class _Run:
             "SELECT worker, SUM(rss IS NOT NULL AND rss != 0), COUNT(spilled_bytes), COUNT(*) "
             f"FROM resource_samples WHERE run_id = ?{held} GROUP BY worker", rid,
         ).fetchall()  # fmt: skip
+        #: (worker, its disk limit, the most bytes on its disk in a sample), of the
+        #: workers that reported their disk: the summary's disk table
+        self.disk_peaks: list[tuple[str, int | None, int]] = conn.execute(
+            "SELECT worker, MAX(disk), MAX(spilled_bytes) FROM resource_samples "
+            f"WHERE run_id = ?{held} AND spilled_bytes IS NOT NULL GROUP BY worker "
+            "ORDER BY worker", rid,
+        ).fetchall()  # fmt: skip
         most = _per_line(sum(1 for _, n, _, _ in counts if n))
         rss = {w: _Thinned(n, most) for w, n, _, _ in counts if n}
         most = _per_line(sum(1 for _, _, n, _ in counts if n))
@@ -1668,7 +1675,20 @@ def _summary_tables(run: _Run) -> list[_Table]:
         *_lost_cost_tables(run),
         (("outputs lost with a worker: how they came back", "outputs", "workers"),
          _recoveries(run), ""),
+        (("bytes on disk: worker", "limit MiB", "most MiB (sampled)", "of its limit"),
+         _disk_peaks(run), ""),
     ]  # fmt: skip
+
+
+def _disk_peaks(run: _Run) -> list[tuple[Any, ...]]:
+    """Each worker's disk limit and the most its samples had on disk (spilled outputs,
+    file outputs): how close a run came to filling its workers' disks. Sampled every
+    monitoring interval, so a peak between two samples is not seen."""
+    rows = []
+    for worker, limit, most in run.disk_peaks:
+        share = f"{most / limit:.0%}" if limit else "not counted"
+        rows.append((worker, f"{(limit or 0) / 2**20:.1f}", f"{most / 2**20:.1f}", share))
+    return rows
 
 
 def _summary(run: _Run) -> str:

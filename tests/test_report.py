@@ -659,6 +659,32 @@ def test_the_text_report_s_95th_percentile_is_the_nearest_rank(tmp_path: Path) -
     assert lines[table + 2 :] == []
 
 
+def test_the_summary_says_the_most_each_worker_had_on_disk_of_its_limit(tmp_path: Path) -> None:
+    """The physics audit: a run sized to its workers' disks (intermediates pruned as
+    their readers finish) had its disks' use only as a plot of the HTML report; the
+    text report said nothing of disks. The summary now gives each worker's disk limit
+    and the most its samples had on disk, of that limit; a worker whose disk is not
+    counted says so; another run's samples and the samples before a worker reported its
+    disk are left out."""
+    conn, t0 = _one_run_db(tmp_path / "monitoring.db", 100.0)
+    mib = 2**20
+    with conn:
+        conn.executemany(
+            "INSERT INTO resource_samples (run_id, time, worker, rss, spilled_bytes, disk) "
+            "VALUES (?, ?, ?, 1, ?, ?)",
+            [("run-1", t0 + 1, "w1", None, None), ("run-1", t0 + 2, "w1", 30 * mib, 40 * mib),
+             ("run-1", t0 + 3, "w1", 10 * mib, 40 * mib), ("run-1", t0 + 2, "w2", 5 * mib, 0),
+             ("other", t0 + 2, "w1", 400 * mib, 40 * mib)],
+        )  # fmt: skip
+    conn.close()
+    lines = build_report(tmp_path / "monitoring.db", run_id="run-1", text=True).splitlines()
+    table = lines.index(next(ln for ln in lines if ln.startswith("bytes on disk: worker")))
+    assert [ln.split() for ln in lines[table + 1 : table + 3]] == [
+        ["w1", "40.0", "30.0", "75%"],
+        ["w2", "0.0", "5.0", "not", "counted"],
+    ]
+
+
 @pytest.mark.timeout(10)
 def test_the_file_errors_say_their_file_and_problem_and_travel_whole() -> None:
     """TokenFileError, MonitoringDBError, ReportRunError and ReportOutputError: one
