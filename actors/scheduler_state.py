@@ -2274,16 +2274,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         declared = "disk" in ts.spec.resources
         filled: dict[str, list[int]] = {}
         held: dict[str, list[int]] = {}  # of those, held only by a client's futures
+        kept: dict[str, list[int]] = {}  # of those, read by all their readers: prune_depth's
         if ws.disk and not error.filesystem and error.nbytes <= ws.disk:
             for t in ws.has_what:
                 if t is ts or not t.nbytes:
                     continue
-                for by in (filled, held) if t.wanted and not t.consumers else (filled,):
+                also = () if t.consumers else (held,) if t.wanted else (kept,)
+                for by in (filled, *also):
                     entry = by.setdefault(t.spec.category, [0, 0])
                     entry[0] += t.nbytes
                     entry[1] += 1
         if sum(b for b, _ in filled.values()) < error.nbytes - error.room:
-            filled = held = {}  # not what kept it out: nothing known fills that disk
+            filled = held = kept = {}  # not what kept it out: nothing known fills that disk
         if not filled and declared == getattr(error, "declared", False):
             return error  # nothing to add: the worker's own
 
@@ -2293,7 +2295,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             )
 
         first = getattr(self.policies["priority"], "name", "") == "consumers-first"
-        return error.with_context(top(filled), declared, top(held), first)
+        return error.with_context(
+            top(filled), declared, top(held), first, top(kept), self.config.prune_depth
+        )
 
     def count_active(self, keys: Iterable[Key], coming: Iterable[Key] = ()) -> int:
         """How many of ``keys`` are still to do (waiting, queued or running, or brought

@@ -1908,6 +1908,8 @@ class DiskFull(CorralError):
     held_by: tuple[tuple[str, int, int], ...]
     consumers_first: bool
     measured: bool
+    kept_by: tuple[tuple[str, int, int], ...]
+    prune_depth: int
 
     def __init__(
         self,
@@ -1926,9 +1928,12 @@ class DiskFull(CorralError):
         held_by: tuple[tuple[str, int, int], ...] = (),
         consumers_first: bool = False,
         measured: bool = False,
+        kept_by: tuple[tuple[str, int, int], ...] = (),
+        prune_depth: int = 1,
     ) -> None:
         filled_by = tuple(filled_by)
         held_by = tuple(held_by)
+        kept_by = tuple(kept_by)
         its = "its disk (measured at start)" if measured else "its --disk"
         if filesystem:
             fs = f"the file system holding its spill directory {filesystem!r}"
@@ -1957,14 +1962,35 @@ class DiskFull(CorralError):
             )
         elif filled_by:
             held = sum(n for _, _, n in held_by)
-            if held and held == sum(n for _, _, n in filled_by):
+            pruned = sum(n for _, _, n in kept_by)
+            total = sum(n for _, _, n in filled_by)
+            rule = "never pruned" if prune_depth == 0 else f"pruned {prune_depth} steps downstream"
+            if held and held == total:
                 whose = f"other tasks' outputs that your futures hold ({_outputs(held_by)})"
-            elif held:
+            elif pruned and pruned == total:
                 whose = (
-                    f"other tasks' outputs ({_outputs(filled_by)}); {held} of them "
-                    f"({_outputs(held_by)}) {'is' if held == 1 else 'are'} held by your "
-                    "futures, the others wait for their consumers"
+                    f"other tasks' outputs whose readers all ran, kept by prune_depth="
+                    f"{prune_depth} ({rule}) ({_outputs(kept_by)})"
                 )
+            elif held or pruned:
+                notes = []
+                if held:
+                    notes.append(
+                        f"{held} of them ({_outputs(held_by)}) {'is' if held == 1 else 'are'} "
+                        "held by your futures"
+                    )
+                if pruned:
+                    read = (
+                        "was read by all its readers and is"
+                        if pruned == 1
+                        else "were read by all their readers and are"
+                    )
+                    notes.append(
+                        f"{pruned} {'of them ' if not held else ''}({_outputs(kept_by)}) "
+                        f"{read} kept by prune_depth={prune_depth} ({rule})"
+                    )
+                others = ", the others wait for their consumers" if held + pruned < total else ""
+                whose = f"other tasks' outputs ({_outputs(filled_by)}); {', '.join(notes)}{others}"
             else:
                 whose = f"other tasks' outputs waiting for their consumers ({_outputs(filled_by)})"
             left = (
@@ -1978,7 +2004,12 @@ class DiskFull(CorralError):
                     "Release the futures you no longer need (del the lists of earlier "
                     "stages once the next is submitted) so Corral can drop them"
                 )
-            if held < sum(n for _, _, n in filled_by) and not consumers_first:
+            if pruned:
+                steps.append(
+                    "let Corral drop each output once its readers ran: prune_depth=1 (the "
+                    "default; Cluster(prune_depth=1), the manager's --prune-depth 1)"
+                )
+            if held + pruned < total and not consumers_first:
                 steps.append(
                     'run consumers before new producers (set_policy("priority", "consumers-first"))'
                 )
@@ -2046,6 +2077,8 @@ class DiskFull(CorralError):
             held_by=held_by,
             consumers_first=consumers_first,
             measured=measured,
+            kept_by=kept_by,
+            prune_depth=prune_depth,
         )
 
     def with_context(
@@ -2054,10 +2087,13 @@ class DiskFull(CorralError):
         declared: bool,
         held_by: tuple[tuple[str, int, int], ...] = (),
         consumers_first: bool = False,
+        kept_by: tuple[tuple[str, int, int], ...] = (),
+        prune_depth: int = 1,
     ) -> DiskFull:
         """This error, told what filled the disk (``filled_by``; ``held_by``: of those,
-        the ones only a client's futures hold), whether the task declared its output's
-        size (``declared``) and whether consumers run first already (``consumers_first``)."""
+        the ones only a client's futures hold; ``kept_by``: the ones whose readers all
+        ran, kept by ``prune_depth``), whether the task declared its output's size
+        (``declared``) and whether consumers run first already (``consumers_first``)."""
         return DiskFull(
             self.key, self.worker, self.nbytes, self.room, self.disk,
             input=self.input, partial=self.partial,
@@ -2065,6 +2101,7 @@ class DiskFull(CorralError):
             filled_by=filled_by, declared=declared,
             held_by=held_by, consumers_first=consumers_first,
             measured=getattr(self, "measured", False),
+            kept_by=kept_by, prune_depth=prune_depth,
         )  # fmt: skip
 
     def reading(self, key: str) -> DiskFull:
@@ -2077,6 +2114,8 @@ class DiskFull(CorralError):
             held_by=getattr(self, "held_by", ()),
             consumers_first=getattr(self, "consumers_first", False),
             measured=getattr(self, "measured", False),
+            kept_by=getattr(self, "kept_by", ()),
+            prune_depth=getattr(self, "prune_depth", 1),
         )  # fmt: skip
 
 

@@ -281,6 +281,17 @@ def test_a_refused_input_copy_teaches_nothing_of_the_output(make_state: Factory)
 # ---------------------------------------------------------------- the error
 
 
+def two_loads_on_w1(s: SchedulerState) -> None:
+    """On ``w1`` (10 MiB, 2 cores), with the sizes known (``known_sizes``): load-1 and
+    load-2 wrote 3 MiB each, their skims (the client wants them) are to run."""
+    join(s, "w1", disk=10 * MB, cores=2)
+    known_sizes(s, "w1")
+    cmds = submit(s, loads_and_skims(2), ["skim-1", "skim-2"])
+    assert assigned(cmds) == {"w1": ["load-1", "load-2"]}
+    wrote(s, "w1", "load-1", 3 * MB)
+    wrote(s, "w1", "load-2", 3 * MB)
+
+
 def _disk_full_three_times(s: SchedulerState, key: str, nbytes: int, room: int) -> Any:
     for _ in range(3):
         err = DiskFull(key, "w1", nbytes, room, s.workers["w1"].disk)
@@ -299,12 +310,7 @@ def test_disk_full_of_other_intermediates_says_what_fills_it_and_what_helps(
     and advises releasing those, running consumers first, a smaller fan-in or a
     larger --disk, not declaring the output's size."""
     s = make_state(saturation=1.0, memory="blind")
-    join(s, "w1", disk=10 * MB, cores=2)
-    known_sizes(s, "w1")
-    cmds = submit(s, loads_and_skims(2), ["skim-1", "skim-2"])
-    assert assigned(cmds) == {"w1": ["load-1", "load-2"]}
-    wrote(s, "w1", "load-1", 3 * MB)
-    wrote(s, "w1", "load-2", 3 * MB)
+    two_loads_on_w1(s)
     assert s.tasks["skim-1"].state == "processing"
     # Its tries find the disk full: of what the worker holds besides (and, the
     # scheduler does not know yet, of what the running skim-2 writes).
@@ -323,6 +329,40 @@ def test_disk_full_of_other_intermediates_says_what_fills_it_and_what_helps(
         '"consumers-first")), give the tasks that gather many outputs fewer inputs each '
         "(a smaller fan-in), or start workers with a larger --disk (disk_per_worker)."
     )
+
+
+def test_disk_full_tells_the_outputs_prune_depth_keeps_and_advises_pruning(
+    make_state: Factory,
+) -> None:
+    """The physics audit: with prune_depth=0 a disk full of outputs whose readers had
+    all run was told as "outputs waiting for their consumers", advising consumers
+    first; nothing named prune_depth. The error now counts those outputs apart
+    (kept_by: load-2, read by skim-2) and advises letting Corral drop them."""
+    s = make_state(saturation=1.0, memory="blind", prune_depth=0)
+    two_loads_on_w1(s)
+    wrote(s, "w1", "skim-2", MB)  # load-2's only reader ran: prune_depth 0 keeps it
+    error = _disk_full_three_times(s, "skim-1", MB, 0)
+    assert isinstance(error, DiskFull)
+    assert error.kept_by == (("load", 3 * MB, 1),)
+    assert error.prune_depth == 0
+    assert str(error) == (
+        "task 'skim-1' wrote an output of 1.0 MiB on worker 'w1', which had 0 bytes of "
+        "disk left of its 10.0 MiB limit: the disk was full of other tasks' outputs "
+        "(load: 2 outputs, 6.0 MiB; skim: 2 outputs, 2.0 MiB); 2 of them (skim: 2 outputs, "
+        "2.0 MiB) are held by your futures, 1 (load: 1 output, 3.0 MiB) was read by all "
+        "its readers and is kept by prune_depth=0 (never pruned), the others wait for "
+        "their consumers, not too small for this output; the partial file was removed. "
+        "Release the futures you no longer need (del the lists of earlier stages once the "
+        "next is submitted) so Corral can drop them, let Corral drop each output once its "
+        "readers ran: prune_depth=1 (the default; Cluster(prune_depth=1), the manager's "
+        '--prune-depth 1), run consumers before new producers (set_policy("priority", '
+        '"consumers-first")), give the tasks that gather many outputs fewer inputs each '
+        "(a smaller fan-in), or start workers with a larger --disk (disk_per_worker)."
+    )
+    import pickle
+
+    back = pickle.loads(pickle.dumps(error))
+    assert (str(back), back.kept_by, back.prune_depth) == (str(error), error.kept_by, 0)
 
 
 def test_disk_full_does_not_advise_declaring_a_declared_size(make_state: Factory) -> None:
