@@ -450,6 +450,7 @@ class TaskState:
         "in_files",
         "in_nbytes",
         "key",
+        "lost_since_saved",
         "lost_tries",
         "nbytes",
         "oom_alone",
@@ -550,6 +551,10 @@ class TaskState:
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
+        #: of those, the latest in a row whose loss took every checkpoint the try saved
+        #: (or that saved none): a loss after which a checkpoint of the try survives,
+        #: progress its retry resumes from, starts the count again
+        self.lost_since_saved = 0
         #: of its tries lost with a worker that ended unexpectedly (``crashes``), those
         #: whose worker ran its tasks in task processes (``WorkerState.contained``)
         self.contained_crashes = 0
@@ -765,6 +770,10 @@ class TaskStateView:
     @property
     def lost_tries(self) -> int:
         return self._ts.lost_tries
+
+    @property
+    def lost_since_saved(self) -> int:
+        return self._ts.lost_since_saved
 
     @property
     def oom_tries(self) -> int:

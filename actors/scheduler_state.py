@@ -1549,7 +1549,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.generation = gen
                 ts.retries_left = spec.retries
                 ts.first_try = len(ts.tries)
-                ts.lost_tries = 0
+                ts.lost_tries = ts.lost_since_saved = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
                 ts.oom_own = ts.oom_worker_floor = ts.oom_rest = 0
                 ts.free_retries = 0
@@ -1995,6 +1995,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             )  # fmt: skip
             self._tried(ts, rec, None, began=self._began(ts, ws, ran, rec.stop))
             ts.lost_tries += 1
+            # A checkpoint of this try survived (newer than the one it resumed from):
+            # it made progress its retry keeps, so it starts the count of losses again.
+            cps = self.checkpoints.get(ts.key) if self.checkpoints else None
+            resumed = ts.resumed[0] if ts.resumed is not None else 0
+            ts.lost_since_saved = 0 if cps and cps[0].seq > resumed else ts.lost_since_saved + 1
             self._stat(ts).lost += 1
             if crash and ran != 0.0:  # it may be what killed it
                 self._suspect(ts.key)

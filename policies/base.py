@@ -355,6 +355,16 @@ class TaskView(Protocol):
     @property
     def lost_tries(self) -> int: ...
     @property
+    def lost_since_saved(self) -> int:
+        """Of :attr:`lost_tries`, the latest in a row that lost every checkpoint their
+        try saved, or saved none (for a task that never checkpoints: all of them). A
+        loss after which a checkpoint of the try survives, progress its retry resumes
+        from, starts the count again; the default retry policy bounds this count by
+        ``max_lost``, so a task that checkpoints keeps going over any number of
+        preemptions and walltimes while each of its tries saves some work."""
+        ...
+
+    @property
     def oom_tries(self) -> int:
         """Tries killed at a worker's memory terminate fence."""
         ...

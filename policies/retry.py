@@ -19,8 +19,12 @@ class DefaultRetry:
     argument could not be loaded on its worker (cause ``not-loadable``,
     :class:`~runtime.errors.TaskNotLoadable`: the workers of one installation all fail
     alike). A try lost with its worker
-    (preempted, crashed, drained, ...) is retried for free, up to ``max_lost`` losses of
-    the same task; then the task fails with :class:`~runtime.errors.WorkerLost`. A task
+    (preempted, crashed, drained, past its walltime, ...) is retried for free, up to
+    ``max_lost`` losses of the same task in a row that left no checkpoint of their try
+    behind (:attr:`~policies.TaskView.lost_since_saved`); then the task fails with
+    :class:`~runtime.errors.WorkerLost`. A loss after which a checkpoint the try saved
+    survives starts that count again: a long task that checkpoints outlives any number
+    of blocks (walltimes, preemptions) while each try saves some of its work. A task
     that was running, or may have been, on ``max_crashes`` workers that ended
     unexpectedly (not drained or preempted) is a suspect, a *poison task* that may be
     what kills them: it fails with :class:`~runtime.errors.TaskCrashedWorkers` instead
@@ -152,12 +156,18 @@ class DefaultRetry:
             too_long = self._too_long(task, cause)
             if too_long is not None:
                 return too_long
-            if task.lost_tries > self.max_lost:
+            # Losses in a row that saved nothing: a task whose tries each leave a
+            # checkpoint behind progresses, however many workers it outlives.
+            lost = task.lost_since_saved
+            if lost > self.max_lost:
+                times = f"{lost} times"
+                if lost != task.lost_tries:
+                    times += f" in a row with no checkpoint saved ({task.lost_tries} in all)"
                 to = self.fallback.get(task.pool) if task.pool is not None else None
                 if to is not None and cause == "preempted":
-                    reason = f"lost {task.lost_tries} times to preemption: moved to {to!r}"
+                    reason = f"lost {times} to preemption: moved to {to!r}"
                     return RetryDecision(True, charge=False, reason=reason, pool=to)
-                return RetryDecision(False, reason=f"lost {task.lost_tries} times")
+                return RetryDecision(False, reason=f"lost {times}")
             if self.charge_lost:
                 if task.retries_left <= 0:
                     return RetryDecision(False, reason="retry budget spent")

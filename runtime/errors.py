@@ -740,7 +740,9 @@ class WorkerLost(CorralError):
             call = {**params, "max_lost": str(raised)}
             advice = (
                 ", or have the retry policy's limit for infrastructure losses raised (its "
-                f"max_lost, {f'now {now}' if now else 'at its default'})"
+                f"max_lost, {f'now {now}' if now else 'at its default'}: losses in a row "
+                "that left no checkpoint of their try, so a long task that saves its "
+                "progress with runtime.checkpoint goes on while each try saves some)"
             )
         args = "".join(f", {k}={v}" for k, v in call.items())
         words = "".join(f" {k}={v}" for k, v in call.items())

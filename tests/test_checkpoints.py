@@ -38,7 +38,7 @@ from actors.scheduler_events import (
     WorkerMemory,
 )
 from actors.scheduler_state import SchedulerState
-from runtime import CheckpointError, checkpoint, checkpoint_file, restore, restore_path
+from runtime import CheckpointError, WorkerLost, checkpoint, checkpoint_file, restore, restore_path
 from runtime.task import TaskContext, checkpoint_name, running
 from tests.helpers import (
     GB,
@@ -254,6 +254,58 @@ def test_a_checkpoint_on_a_lost_worker_only_is_lost_and_the_retry_starts_over(
     retry = sent_to(run(s, event(WorkerLeft, worker="w1", cause="crash")), "long-0")
     assert retry.checkpoint is None and s.checkpoints == {}
     assert s.checkpoint_counts["lost"] == 1
+
+
+def lost_in_turn(s: SchedulerState, key: str, losses: int, cause: str, save: bool) -> None:
+    """``losses`` times: the worker running ``key`` saves a checkpoint (``save``), a
+    fresh worker joins and the one running it is lost with ``cause``."""
+    for _ in range(losses):
+        ts = s.tasks[key]
+        assert ts.state == "processing" and ts.worker is not None, s.story(key)[-2:]
+        worker = ts.worker
+        if save:
+            saved(s, worker, key, (ts.resumed[0] if ts.resumed else 0) + 1, "progress")
+        join(s, f"w{len(s.workers) + len(s.story_log)}")
+        run(s, event(WorkerLeft, worker=worker, cause=cause))
+
+
+@pytest.mark.parametrize("cause", ["walltime", "preempted"])
+def test_a_task_whose_every_try_saves_a_checkpoint_outlives_any_number_of_losses(
+    make_state: Factory, cause: str
+) -> None:
+    """A user audit (a condo cluster): a long task that checkpoints, on blocks whose
+    walltime is shorter than the task, failed with WorkerLost at its 6th walltime
+    ('lost 6 times', the default max_lost = 5), its progress thrown away, though each
+    block had moved it on: every loss counted, progress or not. A loss after which a
+    checkpoint of its try survives now starts the count again."""
+    s = make_state()
+    join(s, "w0")
+    submit(s, {"long-0": []}, ["long-0"])
+    lost_in_turn(s, "long-0", 12, cause, save=True)
+    ts = s.tasks["long-0"]
+    assert (ts.state, ts.lost_tries, ts.lost_since_saved) == ("processing", 12, 0)
+    assert ts.resumed is not None and ts.resumed[0] == 12  # its 13th try goes on from 12
+    finish(s, ts.worker or "", "long-0")
+    assert s.tasks["long-0"].state == "memory"
+
+
+def test_losses_that_save_nothing_still_fail_the_task_after_max_lost_in_a_row(
+    make_state: Factory,
+) -> None:
+    """Progress earlier does not exempt a task that stops saving: more than max_lost (5)
+    losses in a row with no checkpoint of their try left fail it, as before, and the
+    error says how many tries it had and that checkpoints would let it go on."""
+    s = make_state()
+    join(s, "w0")
+    submit(s, {"long-0": []}, ["long-0"])
+    lost_in_turn(s, "long-0", 3, "walltime", save=True)
+    lost_in_turn(s, "long-0", 5, "walltime", save=False)
+    ts = s.tasks["long-0"]
+    assert (ts.state, ts.lost_tries, ts.lost_since_saved) == ("processing", 8, 5)
+    lost_in_turn(s, "long-0", 1, "walltime", save=False)
+    assert (ts.state, ts.lost_since_saved) == ("erred", 6)
+    assert isinstance(ts.error, WorkerLost) and "after 9 tries" in str(ts.error), ts.error
+    assert "checkpoint" in str(ts.error)  # says what lets a long task go on
 
 
 def test_a_leaving_worker_s_only_copies_go_to_a_peer_within_its_grace(

@@ -221,8 +221,21 @@ def test_a_charged_loss_goes_behind_and_a_refusal_stays_a_refusal() -> None:
     decision = charged.decide(view(12.0, lost_tries=1), "worker-lost", "preempted")
     assert decision.retry and decision.charge and decision.behind
     lost_too_often = REGISTRY.create("retry", "default", {"max_lost": 0})
-    decision = lost_too_often.decide(view(12.0, lost_tries=1), "worker-lost", "preempted")
+    lost = view(12.0, lost_tries=1, lost_since_saved=1)
+    decision = lost_too_often.decide(lost, "worker-lost", "preempted")
     assert not decision.retry and decision.reason == "lost 1 times"
+
+
+def test_max_lost_bounds_the_losses_in_a_row_that_saved_nothing() -> None:
+    """Losses after which a checkpoint of the try survived do not count towards
+    max_lost (the core restarts TaskView.lost_since_saved): a task that progresses goes
+    on; one lost too often in a row with nothing saved fails, saying both counts."""
+    retry = REGISTRY.create("retry", "default", {"max_lost": 2})
+    going = retry.decide(view(12.0, lost_tries=9, lost_since_saved=0), "worker-lost", "walltime")
+    assert going.retry and not going.charge
+    stuck = retry.decide(view(12.0, lost_tries=9, lost_since_saved=3), "worker-lost", "walltime")
+    assert not stuck.retry
+    assert stuck.reason == "lost 3 times in a row with no checkpoint saved (9 in all)"
 
 
 # ----------------------------------------------------------------------------- the parameter
