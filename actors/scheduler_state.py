@@ -203,7 +203,7 @@ import itertools
 import json
 import numbers
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -3201,7 +3201,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         blocks asked for it would wait idle). At most ``most`` tasks per pool are looked
         at, the earliest to join the wave first, and at most :data:`UPCOMING_INPUTS`
         inputs in all: the answer is a hint for the autoscaler, whose pools are bounded
-        anyway, asked every tick on the scheduler's loop."""
+        anyway, asked every tick on the scheduler's loop. Tries on workers drained for
+        their walltime that are not expected to end by it count too, due at that
+        deadline (:meth:`_walltime_cut`): their retries need a block then."""
         out: dict[str, list[float]] = {}
         budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
@@ -3225,9 +3227,29 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 else:
                     times.append(max(left, 0.0))
             if times:
-                times.sort()
                 out[pool] = times
+        for ts, deadline in self._walltime_cut(now):
+            out.setdefault(pool_key(ts.spec.pool), []).append(max(deadline - now, 0.0))
+        for times in out.values():
+            times.sort()
+            del times[most:]
         return out
+
+    def _walltime_cut(self, now: float) -> Iterator[tuple[TaskState, float]]:
+        """The tries on workers drained for their walltime that are not expected to end
+        by it, with that deadline: their category's mean from their start ends past it,
+        or they run past twice that (late: nothing says when they end). They are lost
+        at the deadline and ready again then: :meth:`upcoming` has them due at it, so a
+        block for their retry is asked for a provisioning delay ahead, not after."""
+        for wid in sorted(self.draining):
+            ws = self.workers.get(wid)
+            if ws is None or not ws.walltime_drain or ws.deadline is None:
+                continue
+            for ts in ws.processing:
+                mean = self._estimate(ts)
+                began = ts.sent if ts.started is None else ts.started
+                if began + mean > ws.deadline or now - began > 2 * mean:
+                    yield ts, ws.deadline
 
     def _spread_failures(self) -> None:
         """Work through failures and cancellations that spread along the graph (tasks

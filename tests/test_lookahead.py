@@ -195,3 +195,21 @@ def test_the_autoscaler_asks_for_the_next_waves_blocks_with_the_ready_ones() -> 
     # drain only once idle: the strategy does not take them back.
     assert s.handle(QueuesSeen(102.0, {}, {"w-1": 1})) == []
     s.validate()
+
+
+def test_a_try_due_at_its_block_s_walltime_brings_the_replacement_ahead_of_it() -> None:
+    """The one block of a pool is drained for its walltime while a long try runs there
+    that will not end by it: the scheduler has that try due at the deadline
+    (tests/test_walltime.py), so the replacement is asked for once the deadline is
+    within one provisioning delay, and comes up as the try is lost, not a delay after."""
+    s = AutoscalerState(AutoscalerConfig(), demand())
+    limits = PoolLimits(max_blocks=1, init_blocks=1, max_idletime=60.0)
+    assert s.handle(TargetSet(0.0, "p", 0, "spec", limits)) == [StartBlock(1, "p", "spec")]
+    assert s.handle(BlockStarted(0.0, 1, "block-1", ("w-1",), "pending")) == []
+    assert s.handle(BlockRunning(20.0, "block-1")) == []  # a delay of 20 s learnt
+    drained = frozenset({"w-1"})
+    seen = QueuesSeen(70.0, {}, {"w-1": 1}, drained, {"p": (30.0,)}, walltime=drained)
+    assert s.handle(seen) == []  # due in 30 s: later than a block takes to come up
+    seen = QueuesSeen(85.0, {}, {"w-1": 1}, drained, {"p": (15.0,)}, walltime=drained)
+    assert s.handle(seen) == [StartBlock(2, "p", "spec")]
+    s.validate()

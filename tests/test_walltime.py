@@ -119,6 +119,39 @@ def test_a_walltime_drain_retires_its_worker_with_cause_walltime(make_state: Fac
     assert of(out, RetireWorker) == [RetireWorker("Tick@70", "w", "walltime")]
 
 
+def test_a_try_that_will_not_end_by_its_worker_s_walltime_is_due_again_at_it(
+    make_state: Factory,
+) -> None:
+    """A user audit (condo): a long task that checkpoints, on a one-block pool whose
+    walltime is shorter than it, waited a block's whole provisioning delay after each
+    walltime ('no worker to run the ready tasks' each time): the block drained for its
+    walltime counts no more, but its running try was no task ready or due, so no
+    replacement was asked for until the try was lost. The scheduler's next wave
+    (``upcoming``, the autoscaler's lookahead) now has such a try due at the deadline;
+    one expected to end before it is not."""
+    s = make_state(saturation=1.0, drain_period=30.0)
+    join(s, 0, "w", deadline=100)
+    submit(s, 0, "done-1")
+    learn(s, 10, "w", "done-1", 10)  # the category takes 10 s
+    at(s, 11, KeysReleased, keys=("done-1",))
+    assert assigned(submit(s, 20, "long-1")) == {"w": ["long-1"]}
+    assert s.upcoming(T0 + 60) == {}  # not drained yet: it may end in time
+    at(s, 70, Tick)  # 30 s before the walltime: drained, long-1 runs late (50 s of 0.5)
+    assert s.workers["w"].walltime_drain
+    assert s.upcoming(T0 + 70) == {"*": [30.0]}
+    assert s.upcoming(T0 + 99) == {"*": [1.0]}
+    assert s.upcoming(T0 + 120) == {"*": [0.0]}  # past it: due now
+    # A try expected to end before the deadline is not due: it ends there.
+    s2 = make_state(saturation=1.0, drain_period=30.0)
+    join(s2, 0, "v", deadline=100)
+    submit(s2, 0, "done-1")
+    learn(s2, 10, "v", "done-1", 10)
+    at(s2, 11, KeysReleased, keys=("done-1",))
+    assert assigned(submit(s2, 65, "done-2")) == {"v": ["done-2"]}
+    at(s2, 70, Tick)
+    assert s2.workers["v"].walltime_drain and s2.upcoming(T0 + 70) == {}
+
+
 def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
     s = make_state(drain_period=30.0)
     join(s, 0, "w", deadline=100)
