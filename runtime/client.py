@@ -93,6 +93,7 @@ from runtime.errors import (
     RunNoAnswer,
     TaskArgumentsTooLarge,
     TaskExited,
+    UnknownFuture,
     UnknownPolicyError,
     WorkersTimeout,
     memory_sizes,
@@ -1585,10 +1586,15 @@ class Future:
     #: whose graph maps each of its keys to its future, is computed from those futures.
     __dask_future__ = True
 
-    def __init__(self, key: Key, cluster: Cluster) -> None:
+    def __init__(self, key: Key, cluster: Cluster, *, _submitting: bool = False) -> None:
+        """``Future(key, cluster)`` by hand: another Future of a key this cluster's client
+        holds; :class:`UnknownFuture` for any other key, which nothing would answer.
+        ``_submitting``: made by a submission of the key (``submit``, ...)."""
+        client = cluster._client_actor
+        if not _submitting and key not in client.watches:
+            raise UnknownFuture(key)
         self.key = key
         self._cluster = cluster
-        client = cluster._client_actor
         self._client = client
         self._watch = client.watch(key)
         self._watch.holders += 1
@@ -3056,7 +3062,9 @@ class Cluster:
                 token = tokenize(named, args, kwargs, dataclasses.astuple(opts))
             key = f"{funcname(func)}-{token}"
         client = self._client_actor
-        fut = Future(key, self)  # (failed or cancelled: pending again, to run again)
+        fut = Future(
+            key, self, _submitting=True
+        )  # (failed or cancelled: pending again, to run again)
         watch = fut._watch
         watch.pool = opts.pool
         if key not in client.pending and watch.update is None:
@@ -3171,7 +3179,7 @@ class Cluster:
             inputs = await self._inputs_of(graph)
         check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
-        futures = [Future(k, self) for k in keys]
+        futures = [Future(k, self, _submitting=True) for k in keys]
         for f in futures:
             f._watch.pool = opts.pool
         await self._submit(graph, keys, opts, inputs)
@@ -3455,7 +3463,7 @@ class Cluster:
         expr, keys, found = await anyio.to_thread.run_sync(made)
         inputs = self._checked_inputs(found)
         flat = list(dict.fromkeys(flatten(keys)))
-        futures = {k: Future(k, self) for k in flat}
+        futures = {k: Future(k, self, _submitting=True) for k in flat}
         for f in futures.values():
             f._watch.pool = opts.pool
         await self._submit(expr, flat, opts, inputs)
@@ -3501,7 +3509,9 @@ class Cluster:
         else:
             values = [data]
         keys, graph = await anyio.to_thread.run_sync(_scattered, values, hash)
-        futures = {k: Future(k, self) for k in graph}  # (a value given twice: one task)
+        futures = {
+            k: Future(k, self, _submitting=True) for k in graph
+        }  # (a value given twice: one task)
         if graph:
             await self._submit(graph, list(graph), _DEFAULTS, refs=False)
         out = [futures[k] for k in keys]

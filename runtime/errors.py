@@ -86,6 +86,7 @@ __all__ = [
     "TooManyFrames",
     "TransportError",
     "UnknownCategory",
+    "UnknownFuture",
     "UnknownPolicyError",
     "UnknownStream",
     "UnknownWorkers",
@@ -2305,6 +2306,26 @@ class RunNotSent(CorralError, TimeoutError):
             func=func,
             timeout=timeout,
             stage=stage,
+        )
+
+
+class UnknownFuture(CorralError, LookupError):
+    """``Future(key, cluster)`` made by hand for a key this cluster's client holds no
+    Future of: one another client submitted, one released already, or one that does
+    not exist. Nothing would ever tell such a future its task's fate (the cluster
+    sends it only to the clients that submitted the key), so awaiting it would wait
+    forever: it is refused when made. ``key``: the key. Also a ``LookupError``."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(
+            f"Future({key!r}, cluster): this cluster's client holds no Future of that key "
+            "(another client submitted it, it was released, or there is no such task), so "
+            "nothing would ever answer it. A Future comes from this cluster's submit, map, "
+            "submit_graph, scatter or persist. To read a result another client of the same "
+            "manager holds, submit a task that takes it, while that client holds it: "
+            "`cluster.submit(func, TaskRef(key))` (`from dask._task_spec import TaskRef`), "
+            "or submit the same pure call, whose key is the same task",
+            key=key,
         )
 
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import anyio
 import pytest
+from dask._task_spec import TaskRef
 
-from runtime import Cluster
+from runtime import Cluster, Future
 from runtime.console import ConsoleClient
-from runtime.errors import CancelledError, CorralError
+from runtime.errors import CancelledError, CorralError, UnknownFuture
 from tests.helpers import nodes, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -291,3 +292,23 @@ async def test_a_future_released_while_awaited_fails_saying_so(
             (error,) = errors
             assert isinstance(error, CorralError) and "was released" in str(error), error
             assert await c.submit(add, 1, 1) == 2
+
+
+# ----------------------------------------------------------------------------- by hand
+
+
+async def test_a_future_made_by_hand_of_a_key_this_client_does_not_hold_is_refused() -> None:
+    # Future(key, cluster) for another client's key, or a key no task has, was a future
+    # nothing ever answered: awaiting or gathering it waited forever (a left-over audit
+    # problem). It is refused when made, saying what to do; one more Future of a key
+    # this client holds is fine, and reads another client's result as the message says.
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as a, Cluster(address) as b:
+            fa = a.submit(add, 1, 2, key="theirs")
+            assert await fa == 3
+            for key in ("theirs", "no-such-key"):
+                with pytest.raises(UnknownFuture, match="holds no Future of that key") as got:
+                    Future(key, b)
+                assert got.value.key == key and "TaskRef(key)" in str(got.value)
+            assert await Future("theirs", a) == 3  # a holds it: one more future of it
+            assert await b.submit(add, TaskRef("theirs"), 10) == 13
