@@ -178,6 +178,7 @@ from runtime.messages import (
     UndrainRequest,
     UpcomingRequest,
     WaitForWorkersRequest,
+    WorkerArrived,
     WorkerDiskMetrics,
     WorkerDropped,
     WorkerGone,
@@ -485,6 +486,7 @@ class Scheduler(Actor):
         initial: dict[str, tuple[str, dict[str, Any]]] | None = None,
         cores_advice: str = CORES_FLAG,
         pool_keys: Collection[str] = (),
+        monitor: Callable[[], ActorRef[Any] | None] = lambda: None,
     ) -> None:
         self.policy_registry = policies
         #: the end of a cores warning: what to change, ``{cpus}`` the CPUs (an embedded
@@ -507,6 +509,8 @@ class Scheduler(Actor):
         self.state = SchedulerState(config, **made, timer=time.perf_counter)
         self._manager = manager
         self._registry = registry
+        #: the alert monitor, when the cluster runs one: told each worker that joins
+        self._monitor = monitor
         #: worker id -> its reference: a local worker's, or the link to one in another
         #: process (so not narrowed)
         self.workers: dict[str, ActorRef[Any]] = {}
@@ -831,6 +835,10 @@ class Scheduler(Actor):
         self.workers[info.worker_id] = msg.ref
         self.infos[info.worker_id] = info
         self.log.info("worker joined", worker=info.worker_id, cores=info.cores, pool=info.pool)
+        monitor = self._monitor()
+        if monitor is not None:  # (its metrics ask comes after this handler: it sees it)
+            with contextlib.suppress(ActorStopped):
+                monitor.post(WorkerArrived())
         waiting = []
         for n, event in self._worker_waiters:
             if len(self.workers) >= n:

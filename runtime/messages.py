@@ -416,6 +416,13 @@ class RegisterWorker(Message):
     ref: Any
 
 
+@message(local=True)
+class WorkerArrived(Message):
+    """Scheduler -> alert monitor: a worker joined. The monitor evaluates its rules now
+    (not at its next interval), so an alert of a fleet without workers
+    (``CorralNoWorkers``) ends as the worker comes, not up to an interval later."""
+
+
 @message()
 class WorkerGone(Message):
     """A worker is lost (or left); ``cause`` is one of the worker-lost causes."""

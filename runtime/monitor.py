@@ -80,6 +80,7 @@ from runtime.messages import (
     MetricsReply,
     RestoreRequest,
     ScaleRequest,
+    WorkerArrived,
     message,
 )
 from runtime.metrics import SAMPLE_LABELS, notes, samples
@@ -98,6 +99,10 @@ __all__ = [
 
 #: audit lines the monitor keeps for ``AlertsReply.audit``
 AUDIT_LINES = 100
+
+#: seconds at least between the start of an evaluation and one brought forward by a
+#: worker's arrival (``WorkerArrived``)
+ARRIVAL_GAP = 0.5
 
 #: the keys of ``[alerting]``
 #: a Prometheus label name
@@ -432,6 +437,8 @@ class Monitor(Actor):
         self.probe_timeout = probe_timeout
         self.dashboard_wait = dashboard_wait
         self._dashboard_known: anyio.Event | None = None
+        #: set by a worker's arrival (:class:`WorkerArrived`): the next evaluation is now
+        self._arrived: anyio.Event | None = None
         self._metrics = metrics
         self._autoscaler = autoscaler
         self.interval = config.interval
@@ -464,6 +471,7 @@ class Monitor(Actor):
         for line in self.config.warnings():
             self.log.warning(line)
         self._dashboard_known = anyio.Event()
+        self._arrived = anyio.Event()
         for notifier in self.notifiers:
             self.start_soon(notifier.run)
         if self.config.alertmanager:
@@ -547,7 +555,22 @@ class Monitor(Actor):
             except Exception as exc:  # a snapshot that cannot be read: the next one may
                 self.skipped += 1
                 self.log.error("alert evaluation skipped: bad metrics", error=repr(exc))
+            await self._next_evaluation(started)
+
+    async def _next_evaluation(self, started: float) -> None:
+        """Wait until the next evaluation is due: ``interval`` seconds after the one
+        that ``started``, or sooner when a worker arrived meanwhile (not sooner than
+        :data:`ARRIVAL_GAP` after it, so a fleet joining at once costs a snapshot per
+        gap, not one per worker)."""
+        arrived = self._arrived
+        if arrived is None:  # (not started: no arrival to wait for)
             await anyio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            return
+        with anyio.move_on_after(max(0.0, self.interval - (time.monotonic() - started))):
+            await arrived.wait()
+            await anyio.sleep(max(0.0, ARRIVAL_GAP - (time.monotonic() - started)))
+        if arrived.is_set():
+            self._arrived = anyio.Event()
 
     # -- the core's commands ---------------------------------------------------------
 
@@ -628,6 +651,11 @@ class Monitor(Actor):
         if not msg.error:
             self.log.info("alert action done", pool=msg.cmd.pool, target=msg.cmd.target)
         self._run(ScaleDone(msg.cmd.pool, not msg.error, msg.error, time.time(), msg.cmd.rule))
+
+    @handles(WorkerArrived)
+    def worker_arrived(self, msg: WorkerArrived) -> None:
+        if self._arrived is not None:
+            self._arrived.set()
 
     @handles(DashboardAt)
     def dashboard_at(self, msg: DashboardAt) -> None:

@@ -564,6 +564,7 @@ async def start_control_plane(
         initial=policies,
         cores_advice=cores_advice,
         pool_keys=tuple(pools or ()),
+        monitor=lambda: refs.get("monitor"),
     )
     plane.scheduler = scheduler
     # No restarts for the scheduler: a failure there is a bug that may have left its

@@ -268,6 +268,9 @@ CATALOGUES = {
     # SubmitRoleGraphRequest, the gateway's own marking of a submit-token connection's
     # SubmitGraphRequest for the manager in its process: it never crosses
     "b803eb4f5419c4bbb668025c6796b785a578ca1fd91d9c2a7b22ee56d62dd8d4": 3,
+    # WorkerArrived, the scheduler's own word to the alert monitor in its process that
+    # a worker joined (evaluate now): it never crosses
+    "de0bd122b6e3511e8c218463839c2a3631bbc41e05c0577055ad361a51eb45d8": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 
