@@ -299,6 +299,91 @@ def _scaling_failing(auto: AutoscalerStatus | None) -> dict[str, str]:
     }
 
 
+def _blocks_starting(auto: AutoscalerStatus | None) -> dict[str, int]:
+    """Per pool none of whose blocks runs yet, its blocks still starting (pending or
+    held in its batch system): its tasks wait for them, as they should. ``*`` (tasks
+    any pool may run): every such block, when no block of any pool runs."""
+    if auto is None:
+        return {}
+    states: dict[str, list[str]] = {}
+    for block, state in auto.blocks.items():
+        states.setdefault(auto.block_pools.get(block, ""), []).append(state)
+    starting = {
+        pool: sum(s in ("pending", "held") for s in got)
+        for pool, got in states.items()
+        if pool and "running" not in got and any(s in ("pending", "held") for s in got)
+    }
+    if starting and not any("running" in got for got in states.values()):
+        starting[ANY_POOL] = sum(starting.values())
+    return starting
+
+
+def _starting_text(pool: str, blocks: int) -> str:
+    """What the "no worker" warning says of a pool whose ``blocks`` are still starting."""
+    where = "any pool" if pool == ANY_POOL else f"pool {pool!r}"
+    return (
+        f"{blocks} block(s) of {where} are starting (queued in the batch system): the "
+        "tasks run once one does. CorralProvisioningStuck fires if one is not running "
+        "after 10 minutes"
+    )
+
+
+#: the queue alert a client does not show while the blocks of its pool start
+QUEUE_ALERT = "CorralQueueTime"
+
+#: seconds a pool's blocks run (after they started) before a queue alert held back
+#: while they started is shown, if it still fires: its tasks had the time to start
+QUEUE_GRACE = 60.0
+
+#: a queue alert held back: the alert, and since when its pool has a block running
+_Held = dict[tuple[tuple[tuple[str, str], ...], float | None], tuple[AlertInfo, float | None]]
+
+
+def _queue_news(
+    news: Sequence[AlertInfo],
+    alerts: Sequence[AlertInfo],
+    held: _Held,
+    starting: Mapping[str, int],
+    now: float,
+) -> tuple[list[AlertInfo], _Held]:
+    """Of a look's ``news`` (``AlertChanges.news``) at ``now``, what the client logs,
+    and the :data:`QUEUE_ALERT` alerts it holds back. One that fires while its pool's
+    blocks all still start (``starting``: :func:`_blocks_starting`) is not shown: tasks
+    queue while blocks start, as they should (the manager's log and Alertmanager still
+    have it). It is shown if it still fires :data:`QUEUE_GRACE` seconds after a block
+    of its pool runs (``held``, from the last look, checked against ``alerts``, all the
+    manager's now), and forgotten if it resolves before."""
+    shown: list[AlertInfo] = []
+    kept: _Held = {}
+    firing = {
+        (tuple(sorted(a.labels.items())), a.active_since): a
+        for a in alerts
+        if a.name == QUEUE_ALERT and a.state == "firing"
+    }
+    for key, (alert, ran) in held.items():
+        if key not in firing:
+            continue  # resolved while held: never shown, so no end to show
+        if alert.labels.get("pool", ANY_POOL) in starting:
+            kept[key] = (alert, None)
+        elif ran is not None and now - ran >= QUEUE_GRACE:
+            shown.append(firing[key])
+        else:
+            kept[key] = (alert, now if ran is None else ran)
+    for alert in news:
+        key = (tuple(sorted(alert.labels.items())), alert.active_since)
+        if alert.name == QUEUE_ALERT and key in held:
+            continue  # held (or shown above): its firing or resolution is not news here
+        if (
+            alert.name == QUEUE_ALERT
+            and alert.state == "firing"
+            and alert.labels.get("pool", ANY_POOL) in starting
+        ):
+            kept[key] = (alert, None)
+            continue
+        shown.append(alert)
+    return shown, kept
+
+
 #: tasks the "no worker to run the ready tasks" warning names as what may be killing
 #: the workers, at most (``status()["crash_suspects"]`` has them all)
 SUSPECTS_NAMED = 3
@@ -2434,6 +2519,7 @@ class Cluster:
         changes = AlertChanges()
         log = LogNotifier(_log.bind(manager=self.address))
         said: _Said = set()
+        held: _Held = {}  # queue alerts not shown while their pool's blocks start
         first = True
         task_status.started()
         while True:
@@ -2444,7 +2530,12 @@ class Cluster:
             except (CorralError, TimeoutError) as exc:  # a busy manager: look again later
                 _log.debug("could not read the manager's alerts", error=str(exc))
             else:
-                for alert in changes.news(reply.alerts, first=first) if remote else ():
+                news = changes.news(reply.alerts, first=first) if remote else []
+                if held or any(a.name == QUEUE_ALERT for a in news):  # are blocks starting?
+                    status = await self._manager_status(manager, every)
+                    starting = _blocks_starting(status.autoscaler if status else None)
+                    news, held = _queue_news(news, reply.alerts, held, starting, time.time())
+                for alert in news:
                     log.notify(alert)
                 failing: dict[str, str] = {}
                 suspects: dict[str, tuple[str, ...]] = {}
@@ -2452,7 +2543,11 @@ class Cluster:
                 if _no_workers_new(reply.alerts, said):  # a failing scaling policy? a task?
                     status = await self._manager_status(manager, every)
                     if status is not None:
-                        failing = _scaling_failing(status.autoscaler)
+                        starting = _blocks_starting(status.autoscaler)
+                        failing = {
+                            p: _starting_text(p, n) for p, n in starting.items() if p != ANY_POOL
+                        }
+                        failing.update(_scaling_failing(status.autoscaler))
                         suspects = status.crash_suspects
                         contained = bool(suspects) and set(suspects) <= set(
                             status.contained_suspects
