@@ -117,7 +117,12 @@ from runtime import pickling, unpickling
 from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied, size_text
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode, futures_as_refs
-from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent, own_process_group
+from runtime.lifeline import (
+    LIFELINE_EXIT_CODE,
+    adopt_orphans,
+    die_with_parent,
+    own_process_group,
+)
 from runtime.log import get_logger
 from runtime.messages import RunOutcome
 from runtime.remote import (
@@ -1621,11 +1626,12 @@ def _kill_leftovers() -> list[tuple[str, int, int]]:
     process's own children are reaped; the others killed (a program's children) are
     only seen gone or exited within :data:`_LEFTOVER_GONE` (where PID 1 does not reap,
     they stay zombies). ``multiprocessing``'s helpers and live pools
-    (:func:`_mp_helpers`), with what runs under them, and exited children (zombies: no
-    memory) are left. A program that double-forked (a daemon) is no longer under this
-    process and escapes: the kill of the task process's group, when the worker stops
-    it, still reaches it. ``(name, pid, rss)`` of each killed, for the worker to say
-    (none: ``[]``, after one read of this process's lists of children on Linux)."""
+    (:func:`_mp_helpers`), with what runs under them, are left; exited children
+    (zombies: no memory) are reaped, not named: the orphans the task process adopted
+    (:func:`runtime.lifeline.adopt_orphans`) among them. A program that double-forked
+    (a daemon) is one of those orphans, on Linux, so it is killed and named as any
+    other. ``(name, pid, rss)`` of each killed, for the worker to say (none: ``[]``,
+    after one read of this process's lists of children on Linux)."""
     killed: list[tuple[str, int, int]] = []
     me = os.getpid()
     _shut_reusable_pools()
@@ -1645,6 +1651,9 @@ def _kill_leftovers() -> list[tuple[str, int, int]]:
                 proc = psutil.Process(pid)
                 with proc.oneshot():
                     if proc.status() == psutil.STATUS_ZOMBIE:
+                        if proc.ppid() == me:  # (an adopted orphan: nobody else will)
+                            with contextlib.suppress(ChildProcessError):
+                                os.waitpid(pid, os.WNOHANG)
                         continue
                     killed.append((proc.name(), pid, proc.memory_info().rss))
                     (children if proc.ppid() == me else others).append(proc)
@@ -1690,6 +1699,10 @@ def _task_process_main(
     # was started by Corral), whose parent kills what is left there if the worker is
     # killed outright; else a session of our own (runtime/lifeline.py says why).
     own_process_group(parent_pid)
+    # The parent of the orphans of what our tasks start (Linux): a program that
+    # double-forked (a daemon, in a session of its own or not) stays under us, and is
+    # killed with the other leftovers when its task returns, not left to init.
+    adopt_orphans()
     _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
     for name in SECRET_VARIABLES:  # the worker's token is none of its tasks' business
         os.environ.pop(name, None)

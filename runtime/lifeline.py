@@ -27,9 +27,13 @@ their tasks, or its threads, start. Once the worker has exited, its parent kills
 process still in that session (:func:`kill_session`): what the worker started and left,
 however it ended. Linux only (it reads ``/proc``); elsewhere the parent reaches the
 worker's own process group alone (its threads' programs), not its task processes'.
-Not covered anywhere: a program that made a session of its own (``setsid``, a daemon),
-and a worker no Corral process started (by hand, or in a batch job: there the batch
-system's end of the job takes what is left).
+A task process also adopts the orphans of what it starts (:func:`adopt_orphans`,
+Linux), so a program that double-forked (a daemon) is still its descendant when its
+task returns, and killed with the other leftovers. Not covered anywhere: a program that
+made a session of its own (``setsid``, a daemon) once its task process is gone (killed
+with its group: the daemon goes to ``init``), and a worker no Corral process started
+(by hand, or in a batch job: there the batch system's end of the job takes what is
+left).
 
 This module is part of the base layer: it imports only the standard library.
 """
@@ -47,6 +51,7 @@ from collections.abc import Callable
 __all__ = [
     "LIFELINE_EXIT_CODE",
     "ORPHANED_EXIT_CODE",
+    "adopt_orphans",
     "die_with_parent",
     "die_with_parent_preexec",
     "kill_session",
@@ -61,6 +66,7 @@ ORPHANED_EXIT_CODE = 74
 """Exit code of a child whose parent died before PDEATHSIG was set (never seen by it)."""
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @functools.cache
@@ -125,6 +131,17 @@ def own_process_group(parent_pid: int) -> None:
             os.setpgid(0, 0)
         else:
             os.setsid()
+
+
+def adopt_orphans() -> bool:
+    """In a task process: become the parent of the orphans of what it starts
+    (``PR_SET_CHILD_SUBREAPER``, Linux), so that a program that double-forked (a
+    daemon, also one that made a session of its own with ``setsid``) stays under it
+    instead of going to ``init``, where its leftover kill at the task's end
+    (``actors.executor._kill_leftovers``) would not see it. Whether it took (off
+    Linux, or refused: no)."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def _has_terminal() -> bool:

@@ -525,6 +525,51 @@ async def test_a_program_s_children_left_running_are_killed_too(
     assert f"sleep (pid {pid}," in record.getMessage() and "sh (pid" in record.getMessage()
 
 
+def leave_daemon(pidfile: str, setsid: bool) -> int:
+    """A task body: start a daemon the classic way (fork; the child, in a session of
+    its own with ``setsid``, forks ``sleep 600`` and exits at once) and return; the
+    sleep's pid (written to ``pidfile`` by its own shell before it execs)."""
+    pid = os.fork()
+    if pid == 0:
+        if setsid:
+            os.setsid()
+        if os.fork() == 0:
+            script = f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 600"
+            os.execvp("sh", ["sh", "-c", script])
+        os._exit(0)
+    os.waitpid(pid, 0)  # the middle one is gone: the daemon is an orphan now
+    deadline = time.monotonic() + 10
+    while (
+        not Path(pidfile).exists()
+        or psutil.Process(daemon := int(Path(pidfile).read_text())).name() != "sleep"
+    ):
+        assert time.monotonic() < deadline, "the daemon never became sleep"
+        time.sleep(0.01)
+    return daemon
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
+@pytest.mark.parametrize("setsid", [False, True])
+async def test_a_daemon_a_task_left_running_is_killed_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, setsid: bool
+) -> None:
+    """A task double-forks a daemon (also one in a session of its own) and returns: the
+    daemon, an orphan, went to init and ran on (a left-over audit problem). The task
+    process adopts its orphans now, so the daemon is killed and named with the other
+    leftovers, and reaped: nothing is left under the task process."""
+    pidfile = tmp_path / "daemon.pid"
+    with caplog.at_level("WARNING", logger="corral"):
+        async with executor("process", 1, pidfile) as (ex, delivered):
+            ex.submit(job("daemon", leave_daemon, str(pidfile), setsid), {})
+            result, pid = await delivered.get("daemon")
+            assert result.outcome == "ok", result.error
+            await wait_until(lambda: gone(pid), "the daemon to be gone", limit=BOUND)
+            (task_pid,) = ex.pids()
+            await wait_until(lambda: descendants(task_pid) == [], "its reaping", limit=BOUND)
+    (record,) = [r for r in caplog.records if "left programs running" in r.getMessage()]
+    assert f"sleep (pid {pid}," in record.getMessage()
+
+
 # ----------------------------------------------------------------------------- cluster
 
 PROCESS = {"workers": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}}
