@@ -82,6 +82,7 @@ from runtime.errors import (
     CorralError,
     DaskOnlyArgument,
     DependencyFailed,
+    EagerComputeOnCluster,
     FileOutputError,
     FrameTooLarge,
     GraphError,
@@ -956,6 +957,57 @@ def nested_computes_on(get: Callable[..., Any]) -> Iterator[None]:
                 if dask.config.get("scheduler", None) is _nested_scheduler:
                     dask.config.set(scheduler=_nested_state["before"])
                 _nested_state["before"] = None
+
+
+#: the client actors of the clusters running in this process, whose held keys
+#: :func:`_check_local_compute` looks for
+_LIVE_CLIENTS: weakref.WeakSet[ClientActor] = weakref.WeakSet()
+_local_check: list[Callback] = []  #: the callback, once registered (once per process)
+
+
+def _check_local_compute(dsk: Mapping[Any, Any]) -> None:
+    """A dask callback's start, for every compute a scheduler of this process runs once
+    a cluster started here (dask's threads, its synchronous one): a graph that reads
+    keys a running cluster's client holds Futures of, and does not compute them (the
+    chunks of a persisted collection), raises :class:`EagerComputeOnCluster` saying
+    what to do, where dask would raise ``ValueError: Missing dependency`` next. Nothing
+    for any other graph (a dict lookup per dependency while a cluster holds keys)."""
+    held = [c.watches for c in list(_LIVE_CLIENTS) if c.watches]
+    if not held:
+        return
+    found: dict[Any, None] = {}
+    for node in dsk.values():
+        for dep in getattr(node, "dependencies", ()):
+            if dep not in dsk and any(dep in w for w in held):
+                found[dep] = None
+    if found:
+        raise EagerComputeOnCluster(found)
+
+
+def _own_callbacks() -> set[Any]:
+    """Corral's own entries of dask's ``Callback.active`` (:func:`_check_local_compute`'s),
+    which a compute on the cluster does not call: it is for dask's own schedulers."""
+    return {cb._callback for cb in _local_check}
+
+
+_local_lock = threading.Lock()  #: clusters start and close in any thread's event loop
+
+
+def _watch_local_computes(client: ClientActor, watch: bool = True) -> None:
+    """From now on (its cluster started) :func:`_check_local_compute` knows ``client``'s
+    keys; the dask callback is registered while a cluster runs in this process. With
+    ``watch`` false (its cluster closes): no longer, and the callback goes with the
+    last cluster (dask's ``Callback.active`` is as it was)."""
+    with _local_lock:
+        if watch:
+            _LIVE_CLIENTS.add(client)
+        else:
+            _LIVE_CLIENTS.discard(client)
+        if _LIVE_CLIENTS and not _local_check:
+            _local_check.append(Callback(start=_check_local_compute))
+            _local_check[0].register()
+        elif not _LIVE_CLIENTS and _local_check:
+            _local_check.pop().unregister()
 
 
 def futures_of(*collections: Any) -> list[Future]:
@@ -2483,6 +2535,7 @@ class Cluster:
         manager = _RemoteManager(peer, address)
         self._client_actor = ClientActor(manager)
         peer.target = await system.spawn(self._client_actor, name)
+        _watch_local_computes(self._client_actor)
         await system.start_service(peer.run)
         self._manager = manager
         self._peer = peer
@@ -2881,6 +2934,7 @@ class Cluster:
         self._manager = plane.manager
         self._client_actor = ClientActor(plane.manager)
         await system.spawn(self._client_actor, self.client_id)
+        _watch_local_computes(self._client_actor)
         await plane.manager.tell(ClientCame(self.client_id))  # as a gateway's clients are
         self._refs = plane.refs
         self._plane = plane  #: for tests: its provider, say
@@ -2913,6 +2967,8 @@ class Cluster:
             with anyio.CancelScope(shield=True):
                 await self._policies_left()
         client = getattr(self, "_client_actor", None)
+        if client is not None:
+            _watch_local_computes(client, watch=False)
         peer = getattr(self, "_peer", None)
         if peer is not None:  # the manager's updates that cross our close are expected
             peer.stopping = True
@@ -3443,7 +3499,7 @@ class Cluster:
             watch.pool = opts.pool
         values: list[Any] = []
         try:
-            if Callback.active:  # dask's callbacks (a ProgressBar): told as tasks end
+            if Callback.active - _own_callbacks():  # dask's (a ProgressBar): told as tasks end
                 values = await self._compute_told(graph, flat, opts, inputs)
             else:
                 await self._submit(graph, flat, opts, inputs)
@@ -3469,7 +3525,7 @@ class Cluster:
         it is every :data:`~runtime.progress.PROGRESS_EVERY` seconds; ``finish`` is
         called however the compute ends."""
         with local_callbacks() as callbacks:
-            hooks = Hooks(callbacks, graph)
+            hooks = Hooks([cb for cb in callbacks if cb not in _own_callbacks()], graph)
             errored = True
             run = ""
             let_go: list[bool] = []  # said: the run's counts were let go

@@ -40,6 +40,7 @@ __all__ = [
     "DaskOnlyArgument",
     "DependencyFailed",
     "DiskFull",
+    "EagerComputeOnCluster",
     "FrameTooLarge",
     "GraphError",
     "GraphNotLoadable",
@@ -2326,6 +2327,29 @@ class UnknownFuture(CorralError, LookupError):
             "`cluster.submit(func, TaskRef(key))` (`from dask._task_spec import TaskRef`), "
             "or submit the same pure call, whose key is the same task",
             key=key,
+        )
+
+
+class EagerComputeOnCluster(CorralError, ValueError):
+    """dask computed, with a scheduler of this process (its threads, its synchronous
+    one), a graph that reads chunks a running :class:`~runtime.client.Cluster` holds
+    on its workers (a collection ``persist`` returned, or one made from it): what dask
+    computes at once, outside any ``compute`` (``len(x)``, a ``set_index``'s
+    divisions), or ``x.compute()`` without ``scheduler=``. Those chunks are not in
+    this process, so dask's scheduler cannot read them (dask said ``ValueError:
+    Missing dependency``). ``keys``: some of them. Also a ``ValueError``."""
+
+    def __init__(self, keys: Iterable[object]) -> None:
+        keys = tuple(keys)
+        super().__init__(
+            f"dask computed a graph reading {_names(keys, 3)} with a scheduler of this "
+            "process, but those are chunks of a collection persisted on a Corral cluster: "
+            "they are on its workers, not here. In the cluster's event loop, await the "
+            "cluster for the value: `await cluster.compute(x.shape[0])` for a length, "
+            "`await cluster.compute(x)`; in a thread (`await anyio.to_thread.run_sync(f)`), "
+            "compute inside `with dask.config.set(scheduler=cluster.get):` "
+            "(docs/api.md#computes-dask-makes-while-it-optimizes)",
+            keys=keys,
         )
 
 

@@ -25,7 +25,12 @@ import pytest
 from runtime import Cluster, Future, futures_of
 from runtime.client import nested_computes_on
 from runtime.codec import MAX_FRAME_BYTES
-from runtime.errors import CorralError, DaskOnlyArgument, TaskArgumentsTooLarge
+from runtime.errors import (
+    CorralError,
+    DaskOnlyArgument,
+    EagerComputeOnCluster,
+    TaskArgumentsTooLarge,
+)
 from tests.helpers import nodes
 
 pytestmark = pytest.mark.anyio
@@ -161,6 +166,33 @@ async def test_a_persisted_dataframe_sets_its_index_on_the_workers() -> None:
             pd.testing.assert_series_equal(got[1], expected[1])
             frame = await cluster.compute(kept.set_index("x"))
             assert frame.index.is_monotonic_increasing and len(frame) == 720
+
+
+async def test_an_eager_compute_of_a_persisted_frame_in_the_loop_says_what_to_do() -> None:
+    """``len(x)`` of a persisted frame in the cluster's event loop (in a loop over
+    steps, say) is computed at once by dask's threads, which cannot read the chunks on
+    the workers: that was dask's ``ValueError: Missing dependency``, which said nothing
+    of the cluster (a left-over audit problem). It is ``EagerComputeOnCluster`` (a
+    ``ValueError``) naming what to do, each time; awaited, the cluster gives the length,
+    and in a thread under ``cluster.get`` the eager ``len`` runs on the cluster. A frame
+    that is not persisted is computed by dask's threads as before."""
+    ts = timeseries(6)
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            kept = await cluster.persist(ts)
+            for _ in range(2):
+                with pytest.raises(EagerComputeOnCluster, match=r"await cluster\.compute") as got:
+                    len(kept)
+                assert isinstance(got.value, ValueError)
+                assert {f.key for f in futures_of(kept)} >= set(got.value.keys)
+            assert await cluster.compute(kept.shape[0]) == 720
+            assert len(ts) == 720
+
+            def in_thread() -> int:
+                with dask.config.set(scheduler=cluster.get):
+                    return len(kept)
+
+            assert await anyio.to_thread.run_sync(in_thread) == 720
 
 
 async def test_futures_of_gives_a_persisted_collections_chunks_to_wait_for() -> None:
