@@ -623,9 +623,12 @@ class Autoscaler(Actor):
 
     async def _leaves(self, now: float) -> WorkersLeft | None:
         """The leaves of the workers of the blocks whose end waits for them
-        (``AutoscalerState.held``), as their stories say now (None: none held, none
-        heard, or no answer within a tick: the core decides at the grace's end)."""
-        workers = sorted({w for h in self.state.held.values() for w in h.record.workers})
+        (``AutoscalerState.held``), and of the running blocks none of whose workers
+        the scheduler knows (``lost_candidates``: a block whose workers left on purpose
+        is not lost), as their stories say now (None: none asked, none heard, or no
+        answer within a tick: the core decides at the grace's end)."""
+        held = {w for h in self.state.held.values() for w in h.record.workers}
+        workers = sorted(held.union(self.state.lost_candidates()))
         if not workers:
             return None
         story = await self._read(StoryRequest(tuple(workers)))

@@ -1378,16 +1378,21 @@ class AutoscalerState:
         left the scheduler's count for ``lost_grace`` seconds, though the provider says
         it runs and the scheduler never drained one of it (a drain, a walltime, a
         preemption notice or ``tasks_per_worker`` ends a block on purpose, and its end
-        is told): a worker stopped (SIGSTOP), hung or cut off, whose process would
-        otherwise hold its place in ``max_blocks`` (and its machine) for ever."""
+        is told), nor did each say it left so (:meth:`_left_on_purpose`, heard through
+        :meth:`lost_candidates`): a worker stopped (SIGSTOP), hung or cut off, whose
+        process would otherwise hold its place in ``max_blocks`` (and its machine) for
+        ever."""
         grace = self.config.lost_grace
         assert self.processing is not None
         for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
             known = [w for w in b.workers if w in self.processing]
             b.joined.update(known)
+            for w in known:
+                b.left.pop(w, None)  # back (or still there): a leave heard is of a past life
             if (
                 known
                 or not b.joined
+                or self._left_on_purpose(b)
                 or b.state != "running"
                 or b.retiring
                 or b.suspended
@@ -1410,6 +1415,23 @@ class AutoscalerState:
             self._out.append(BlockLost(b.block_id, b.pool, workers, seconds))
             self._unasked_end(b.pool, b.lost)
             self._stop(b)
+
+    @staticmethod
+    def _left_on_purpose(b: BlockRecord) -> bool:
+        """Every worker of ``b`` that joined said why it left, and that ends its block on
+        purpose (:data:`FREE_LEAVES`: its walltime, a preemption, a drain): an idle
+        worker drained is gone within a tick, before any count showed it draining, and
+        its block ends by itself, however long its provider takes to see that."""
+        return all(b.left.get(w) in FREE_LEAVES for w in b.joined)
+
+    def lost_candidates(self) -> tuple[str, ...]:
+        """The workers of the running blocks none of whose workers the scheduler knows
+        (:meth:`_find_lost` counts down their ``lost_grace``): the shell asks the
+        scheduler why they left (:class:`WorkersLeft`), so a block whose workers left
+        on purpose is not taken for lost."""
+        return tuple(
+            sorted(w for b in self.blocks.values() if b.gone_since is not None for w in b.joined)
+        )
 
     def _stop(self, b: BlockRecord) -> None:
         b.retiring = b.stopping = True

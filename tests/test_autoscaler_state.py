@@ -56,6 +56,7 @@ from actors.autoscaler_state import (
     UndrainAnswered,
     UndrainWorker,
     WorkerRefused,
+    WorkersLeft,
 )
 from policies import PolicyParamsError, PoolView
 from policies.scaling import PoolLimits
@@ -915,6 +916,41 @@ def test_a_block_is_not_lost_while_a_worker_of_it_comes_back_or_never_joined() -
     run(s, QueuesSeen(1.0, {}, {"w-1": 1}, frozenset({"w-1"}), walltime=frozenset({"w-1"})))
     assert only(run(s, QueuesSeen(2.0, {}, {})), BlockLost) == []
     assert only(run(s, QueuesSeen(500.0, {}, {})), BlockLost) == []
+
+
+def test_a_block_whose_workers_left_on_purpose_unseen_is_not_lost() -> None:
+    """An idle worker drained for its walltime (or preempted, or drained by an
+    operator) is drained, retired and gone within a tick, so no count showed it
+    draining; its block ends by itself, but a provider that does not see that end for
+    a minute (Slurm not answering: its status polls back off to 60 s) still says it
+    runs. The worker said why it left (its story's ``left:walltime``, heard as
+    :class:`WorkersLeft`): the block is not lost, not stopped, not charged, and its
+    end, when seen, is ``walltime``. Before, it was stopped as ``lost`` and charged
+    to the replacement budget. A worker that rejoined since its leave and then went
+    silent is lost as any."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    run(s, QueuesSeen(1.0, {}, {"w-1": 0}))
+    run(s, QueuesSeen(2.0, {}, {}))  # gone between two ticks: never seen draining
+    assert s.lost_candidates() == ("w-1",)  # the shell asks the scheduler why it left
+    run(s, WorkersLeft(3.0, {"w-1": "walltime"}))
+    assert only(run(s, QueuesSeen(500.0, {}, {})), BlockLost) == []
+    assert s.spent("default") == 0 and not s.failed
+    run(s, BlockEnded(501.0, "block-1", "completed"))
+    assert s.ends[-1].cause == "walltime" and not s.ends[-1].charged
+    # Left (heard), back under its id, then silent: lost.
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    run(s, QueuesSeen(1.0, {}, {"w-1": 0}))
+    run(s, WorkersLeft(1.5, {"w-1": "drained"}))
+    run(s, QueuesSeen(2.0, {}, {"w-1": 0}))  # it rejoined: its leave is of its last life
+    run(s, QueuesSeen(3.0, {}, {}))
+    run(s, WorkersLeft(3.5, {"w-1": "unknown"}))  # lost without a word
+    assert only(run(s, QueuesSeen(63.0, {}, {})), BlockLost) == [
+        BlockLost("block-1", "default", ("w-1",), 60.0)
+    ]
 
 
 def test_no_lost_blocks_with_lost_grace_none() -> None:
