@@ -2284,7 +2284,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             for t in ws.has_what:
                 if t is ts or not t.nbytes:
                     continue
-                also = () if t.consumers else (held,) if t.wanted else (kept,)
+                # kept: no reader left, and prune_depth keeps it (with depth 1 such an
+                # output is being dropped: not the setting's doing)
+                also = (
+                    () if t.consumers
+                    else (held,) if t.wanted
+                    else (kept,) if self._holds(t)
+                    else ()
+                )  # fmt: skip
                 for by in (filled, *also):
                     entry = by.setdefault(t.spec.category, [0, 0])
                     entry[0] += t.nbytes

@@ -365,6 +365,20 @@ def test_disk_full_tells_the_outputs_prune_depth_keeps_and_advises_pruning(
     assert (str(back), back.kept_by, back.prune_depth) == (str(error), error.kept_by, 0)
 
 
+def test_disk_full_names_no_prune_depth_that_keeps_nothing(make_state: Factory) -> None:
+    """With the default prune_depth=1 an output whose readers all ran is dropped: one
+    still on the disk when the error is made (its drop on its way to the worker) is
+    not kept by prune_depth. Before, the error said it was "kept by prune_depth=1" and
+    advised setting prune_depth=1, the setting in force."""
+    s = make_state(saturation=1.0, memory="blind")
+    two_loads_on_w1(s)
+    wrote(s, "w1", "skim-2", MB)  # load-2's only reader ran: its drop is on its way
+    error = _disk_full_three_times(s, "skim-1", MB, 0)
+    assert isinstance(error, DiskFull)
+    assert error.kept_by == () and error.prune_depth == 1
+    assert "prune_depth" not in str(error)
+
+
 def test_disk_full_does_not_advise_declaring_a_declared_size(make_state: Factory) -> None:
     s = make_state(saturation=1.0)
     join(s, "w1", disk=10 * MB)
