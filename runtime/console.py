@@ -1293,13 +1293,15 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
     return lines
 
 
-def _blocks_text(seen: tuple[list[str], list[str], int] | None) -> str:
-    """A pool's blocks for the status's pools table: running, those not running yet,
-    of its ``max_blocks`` (``3 of 3``, ``1 +2 starting of 3``; ``-``: no autoscaler)."""
+def _blocks_text(seen: tuple[list[str], list[str], list[str], int] | None) -> str:
+    """A pool's blocks for the status's pools table: running, those starting and those
+    held, of its ``max_blocks`` (``3 of 3``, ``1 +2 starting of 3``, ``1 +1 held of 2``;
+    ``-``: no autoscaler)."""
     if seen is None:
         return "-"
-    running, pending, most = seen
+    running, pending, held, most = seen
     starting = f" +{len(pending)} starting" if pending else ""
+    starting += f" +{len(held)} held" if held else ""
     return f"{len(running)}{starting} of {most}" if most else f"{len(running)}{starting}"
 
 
@@ -1743,10 +1745,14 @@ def _latest_state(entries: Sequence[Sequence[str]]) -> str:
     return ""
 
 
-def _pool_blocks(st: Mapping[str, Any], pool: str) -> tuple[list[str], list[str], int] | None:
-    """``pool``'s live blocks, running and not running yet (by id), and its
-    ``max_blocks`` (from the status's configuration; 0: not known), or None when the
-    manager has no autoscaler or does not configure ``pool``."""
+def _pool_blocks(
+    st: Mapping[str, Any], pool: str
+) -> tuple[list[str], list[str], list[str], int] | None:
+    """``pool``'s live blocks by id: running, starting (pending: asked for, not running
+    yet) and held (the batch system holds or suspends them: they may run again), and
+    its ``max_blocks`` (from the status's configuration; 0: not known), or None when the
+    manager has no autoscaler or does not configure ``pool``. A block whose end is being
+    decided (listed with its end state) is none of them."""
     autoscaler = st.get("autoscaler")
     config = dict(st.get("config") or {}).get(f"pools.{pool}")
     if not isinstance(autoscaler, Mapping) or not isinstance(config, Mapping):
@@ -1756,7 +1762,8 @@ def _pool_blocks(st: Mapping[str, Any], pool: str) -> tuple[list[str], list[str]
     most = str(dict(config.get("max_blocks") or {}).get("value", "0"))
     return (
         [b for b in mine if blocks.get(b) == "running"],
-        [b for b in mine if blocks.get(b) != "running"],
+        [b for b in mine if blocks.get(b) == "pending"],
+        [b for b in mine if blocks.get(b) == "held"],
         int(most) if most.isdigit() else 0,
     )
 
@@ -1804,10 +1811,12 @@ def why_waiting(st: Mapping[str, Any], pool: str | None) -> list[str]:
             )
         return out
     autoscaler = dict(st.get("autoscaler") or {})
-    running, pending, most = seen
-    mine = running + pending
+    running, pending, held, most = seen
+    mine = running + pending + held
     wanted = dict(autoscaler.get("desired") or {}).get(pool)
     at_work = f"{len(running)} running and {len(pending)} not running yet"
+    if held:
+        at_work += f" and {len(held)} held by the batch system ({', '.join(held)})"
     if pool in (autoscaler.get("gave_up") or ()) or pool in (autoscaler.get("paused") or ()):
         out.append(
             f"Pool {pool} asks for no block until resumed (`resume {pool}`): {at_work}; "
@@ -1817,6 +1826,11 @@ def why_waiting(st: Mapping[str, Any], pool: str | None) -> list[str]:
         out.append(
             f"Blocks of pool {pool}: {at_work} ({', '.join(sorted(pending))}): it may run "
             "once they start."
+        )
+    elif held and not running:
+        out.append(
+            f"Blocks of pool {pool}: {at_work}: it may run once the batch system lets them "
+            "run again (`blocks` shows why each is held)."
         )
     elif most and len(mine) >= most and busy >= cores:
         out.append(

@@ -590,15 +590,23 @@ def notes(snapshot: MetricsReply) -> dict[Sample, str]:
 
 
 def _blocks_pending(b: BlockMetrics) -> str:
-    """A pool's blocks asked for and not running yet, as a sentence ("" with none)."""
-    n = sum(count for state, count in b.states.items() if state != "running")
-    if not n or b.oldest_pending <= 0:
-        return ""
-    return (
-        f"Its autoscaler has {n} block(s) asked for and not running yet, the oldest for "
-        f"{b.oldest_pending:.0f} s: they join once their provider starts them "
-        "(CorralProvisioningStuck fires past 10 minutes)."
-    )
+    """A pool's blocks asked for and not running yet, and those its batch system holds
+    (suspended by a preemption, or on hold), as sentences ("" with neither)."""
+    n = b.states.get("requested", 0) + b.states.get("pending", 0)
+    held = b.states.get("held", 0)
+    out = []
+    if n and b.oldest_pending > 0:
+        out.append(
+            f"Its autoscaler has {n} block(s) asked for and not running yet, the oldest for "
+            f"{b.oldest_pending:.0f} s: they join once their provider starts them "
+            "(CorralProvisioningStuck fires past 10 minutes)."
+        )
+    if held:
+        out.append(
+            f"{held} block(s) of it are held by the batch system (suspended by a "
+            "preemption, or on hold): their workers come back once it lets them run."
+        )
+    return " ".join(out)
 
 
 def _every_sample() -> dict[str, frozenset[str]]:

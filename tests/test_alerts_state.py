@@ -408,6 +408,15 @@ def test_no_workers_says_when_the_pools_blocks_are_on_their_way() -> None:
         "join once their provider starts them (CorralProvisioningStuck fires past 10 "
         "minutes).",
     )
+    # A block its batch system suspended is not one on its way: it is said apart.
+    held = MetricsReply(
+        pools={"cloud": PoolMetrics(**pool)},
+        blocks={"cloud": BlockMetrics(states={"held": 1, "running": 1})},
+    )
+    assert block_notes(held)[("blocks_pending", (("pool", "cloud"),))] == (
+        "1 block(s) of it are held by the batch system (suspended by a preemption, or on "
+        "hold): their workers come back once it lets them run."
+    )
     none = MetricsReply(
         pools={"cloud": PoolMetrics(**pool)}, blocks={"cloud": BlockMetrics(states={})}
     )

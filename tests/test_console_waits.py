@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from runtime.console import ConsoleClient, why_waiting
+from runtime.console import ConsoleClient, _blocks_text, _pool_blocks, why_waiting
 from tests.helpers import Cli, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -106,3 +106,36 @@ def test_a_pool_without_workers_or_configuration_says_to_join_it() -> None:
         "No worker of pool gpux is connected.",
         "No pool gpux is configured: it runs once a worker joins with --pool gpux.",
     ]
+
+
+def _status_with_blocks(states: dict[str, str]) -> dict[str, object]:
+    return {
+        "queues": {"ci": 1},
+        "queue_oldest_wait": {"ci": 70.0},
+        "workers": [],
+        "config": {"pools.ci": {"max_blocks": {"value": "3", "source": "file"}}},
+        "autoscaler": {
+            "blocks": states,
+            "block_pools": dict.fromkeys(states, "ci"),
+            "desired": {"ci": 3},
+        },
+    }
+
+
+def test_held_blocks_are_not_starting_and_ended_ones_are_not_counted() -> None:
+    """A block the batch system holds (suspended by a preemption, or on hold) is not
+    'starting', and a block whose end is being decided (listed with its end state)
+    is neither running nor starting: before, every block not running was '+N
+    starting', so a suspended pool read as one on its way."""
+    st = _status_with_blocks(
+        {"b-1": "running", "b-2": "pending", "b-3": "held", "b-4": "completed"}
+    )
+    assert _pool_blocks(st, "ci") == (["b-1"], ["b-2"], ["b-3"], 3)
+    assert _blocks_text(_pool_blocks(st, "ci")) == "1 +1 starting +1 held of 3"
+    held = _status_with_blocks({"b-3": "held", "b-4": "preempted"})
+    assert _blocks_text(_pool_blocks(held, "ci")) == "0 +1 held of 3"
+    assert why_waiting(held, "ci")[-1] == (
+        "Blocks of pool ci: 0 running and 0 not running yet and 1 held by the batch "
+        "system (b-3): it may run once the batch system lets them run again (`blocks` "
+        "shows why each is held)."
+    )
