@@ -962,7 +962,6 @@ def nested_computes_on(get: Callable[..., Any]) -> Iterator[None]:
 #: the client actors of the clusters running in this process, whose held keys
 #: :func:`_check_local_compute` looks for
 _LIVE_CLIENTS: weakref.WeakSet[ClientActor] = weakref.WeakSet()
-_local_check: list[Callback] = []  #: the callback, once registered (once per process)
 
 
 def _check_local_compute(dsk: Mapping[Any, Any]) -> None:
@@ -984,10 +983,14 @@ def _check_local_compute(dsk: Mapping[Any, Any]) -> None:
         raise EagerComputeOnCluster(found)
 
 
+#: :func:`_check_local_compute` as an entry of dask's ``Callback.active``
+_LOCAL_CHECK = Callback(start=_check_local_compute)._callback
+
+
 def _own_callbacks() -> set[Any]:
     """Corral's own entries of dask's ``Callback.active`` (:func:`_check_local_compute`'s),
     which a compute on the cluster does not call: it is for dask's own schedulers."""
-    return {cb._callback for cb in _local_check}
+    return {_LOCAL_CHECK}
 
 
 _local_lock = threading.Lock()  #: clusters start and close in any thread's event loop
@@ -995,19 +998,21 @@ _local_lock = threading.Lock()  #: clusters start and close in any thread's even
 
 def _watch_local_computes(client: ClientActor, watch: bool = True) -> None:
     """From now on (its cluster started) :func:`_check_local_compute` knows ``client``'s
-    keys; the dask callback is registered while a cluster runs in this process. With
-    ``watch`` false (its cluster closes): no longer, and the callback goes with the
-    last cluster (dask's ``Callback.active`` is as it was)."""
+    keys; the dask callback is in ``Callback.active`` while a cluster runs in this
+    process. With ``watch`` false (its cluster closes): no longer, and the callback goes
+    with the last cluster. While one of dask's local schedulers computes, in any
+    thread, ``Callback.active`` is an empty set that dask swaps back at the end: so the
+    callback is added at each start (one made meanwhile was swapped away) and discarded
+    at the last close, never removed (it may be absent: ``KeyError``); one dask swaps
+    back after the last close checks nothing (no client) and is not a user's."""
     with _local_lock:
         if watch:
             _LIVE_CLIENTS.add(client)
+            Callback.active.add(_LOCAL_CHECK)
         else:
             _LIVE_CLIENTS.discard(client)
-        if _LIVE_CLIENTS and not _local_check:
-            _local_check.append(Callback(start=_check_local_compute))
-            _local_check[0].register()
-        elif not _LIVE_CLIENTS and _local_check:
-            _local_check.pop().unregister()
+            if not _LIVE_CLIENTS:
+                Callback.active.discard(_LOCAL_CHECK)
 
 
 def futures_of(*collections: Any) -> list[Future]:

@@ -363,3 +363,54 @@ async def test_scatter_of_a_value_over_the_argument_limit_raises_at_the_call() -
             assert info.value.fields["limit"] == MAX_FRAME_BYTES
             del too_large
             assert await cluster.scatter(b"small") is not None
+
+
+async def test_a_cluster_closes_while_dask_computes_in_another_thread() -> None:
+    """dask's local schedulers swap dask's process-wide ``Callback.active`` for an empty
+    set while they compute (``local_callbacks``) and put it back after. A cluster that
+    closed meanwhile (the last of the process) removed its eager-compute check from
+    that empty set: ``KeyError`` out of ``close``, whose actors and workers were never
+    stopped, and the check, put back by dask, stayed active as if a user's callback.
+    One that started meanwhile had its check put away with the empty set: ``close``
+    raised ``KeyError`` too. The cluster closes; a cluster started after it checks eager
+    computes again and computes a persisted collection as before."""
+    inside, go = threading.Event(), threading.Event()
+
+    def step() -> int:
+        inside.set()
+        go.wait(LIMIT)
+        return 1
+
+    def local() -> int:
+        (value,) = dask.compute(dask.delayed(step)(), scheduler="sync")
+        return int(value)
+
+    async def local_while(cluster: Cluster, start: bool) -> None:
+        inside.clear()
+        go.clear()
+        async with anyio.create_task_group() as tg:
+            results: list[int] = []
+
+            async def run_local() -> None:
+                results.append(await anyio.to_thread.run_sync(local))
+
+            tg.start_soon(run_local)
+            try:
+                assert await anyio.to_thread.run_sync(inside.wait, LIMIT)
+                await (cluster.start() if start else cluster.close())
+            finally:
+                go.set()
+        assert results == [1]
+
+    with anyio.fail_after(LIMIT):
+        cluster = Cluster(workers=1)
+        await cluster.start()
+        await local_while(cluster, start=False)  # the last cluster closes meanwhile
+        cluster = Cluster(workers=1)
+        await local_while(cluster, start=True)  # the first cluster starts meanwhile
+        await cluster.close()
+        async with Cluster(workers=1) as cluster:
+            kept = await cluster.persist(chunks("while"))
+            with pytest.raises(EagerComputeOnCluster):
+                kept.sum().compute(scheduler="sync")
+            assert await cluster.compute(kept.sum()) == 32.0
