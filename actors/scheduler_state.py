@@ -3245,17 +3245,25 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _walltime_cut(self, now: float) -> Iterator[tuple[TaskState, float]]:
         """The tries on workers drained for their walltime that are not expected to end
         by it, with that deadline: their category's mean from their start ends past it,
-        or they run past twice that (late: nothing says when they end). They are lost
-        at the deadline and ready again then: :meth:`upcoming` has them due at it, so a
-        block for their retry is asked for a provisioning delay ahead, not after."""
+        or they run past twice that (late: nothing says when they end). A try waiting
+        for a core in its worker's queue (not known to execute, beyond as many as the
+        worker has cores free, the first sent first) begins no sooner than now: its wait
+        is no run, and it is cut if its mean from now ends past the deadline. They are
+        lost at the deadline and ready again then: :meth:`upcoming` has them due at it,
+        so a block for their retry is asked for a provisioning delay ahead, not after."""
         for wid in sorted(self.draining):
             ws = self.workers.get(wid)
             if ws is None or not ws.walltime_drain or ws.deadline is None:
                 continue
+            queued = set(itertools.islice(ws.waiting, max(ws.cores - len(ws.began), 0), None))
             for ts in ws.processing:
                 mean = self._estimate(ts)
-                began = ts.sent if ts.started is None else ts.started
-                if began + mean > ws.deadline or now - began > 2 * mean:
+                if ts in queued:
+                    cut = now + mean > ws.deadline
+                else:
+                    began = ts.sent if ts.started is None else ts.started
+                    cut = began + mean > ws.deadline or now - began > 2 * mean
+                if cut:
                     yield ts, ws.deadline
 
     def _spread_failures(self) -> None:

@@ -25,6 +25,7 @@ from actors.scheduler_events import (
     KeysReleased,
     RetireWorker,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerDraining,
     WorkerJoined,
@@ -150,6 +151,31 @@ def test_a_try_that_will_not_end_by_its_worker_s_walltime_is_due_again_at_it(
     assert assigned(submit(s2, 65, "done-2")) == {"v": ["done-2"]}
     at(s2, 70, Tick)
     assert s2.workers["v"].walltime_drain and s2.upcoming(T0 + 70) == {}
+
+
+def test_tries_waiting_in_a_walltime_drained_worker_s_queue_are_due_only_if_cut(
+    make_state: Factory,
+) -> None:
+    """Short tries wait in the queue of a worker drained for its walltime (it holds
+    ``saturation`` tries per core): measured from when they were sent, their wait
+    read as running late, past twice their mean, so each was due at the deadline and
+    a block was asked for work that ends half a minute before it. A try waiting for a
+    core is due there only if its whole mean from now ends past the deadline."""
+    s = make_state(saturation=4.0, drain_period=30.0)
+    join(s, 0, "w", deadline=100)
+    submit(s, 0, "done-1")
+    learn(s, 1, "w", "done-1", 0.5)  # the category takes 0.5 s: short, so tries queue
+    at(s, 2, KeysReleased, keys=("done-1",))
+    keys = ("done-2", "done-3", "done-4", "done-5")
+    assert assigned(submit(s, 69, *keys)) == {"w": list(keys)}  # one core: they queue
+    learn(s, 69.5, "w", "done-2", 0.5)
+    learn(s, 69.9, "w", "done-3", 0.4)
+    at(s, 70, Tick)  # 30 s before the walltime: drained
+    assert s.workers["w"].walltime_drain
+    at(s, 70.2, TasksRunning, worker="w", started=(("done-4", 0, 0.2),))  # began at 70
+    assert s.upcoming(T0 + 70.75) == {}  # done-4 ends at 70.5, done-5 half a second after
+    # Still there just before the deadline: each is cut there (done-4 runs late).
+    assert s.upcoming(T0 + 99.75) == {"*": [0.25, 0.25]}
 
 
 def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
