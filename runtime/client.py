@@ -48,7 +48,7 @@ from dask.base import (
     tokenize,
     unpack_collections,
 )
-from dask.callbacks import Callback, local_callbacks
+from dask.callbacks import Callback
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
@@ -994,6 +994,46 @@ def _own_callbacks() -> set[Any]:
 
 
 _local_lock = threading.Lock()  #: clusters start and close in any thread's event loop
+
+
+class _Swapped(set[Any]):
+    """``Callback.active`` while a compute under callbacks awaits its tasks
+    (:func:`_callbacks_taken`): it remembers the callbacks discarded meanwhile (a
+    ``with ProgressBar():`` left while the compute still runs), so that they are not
+    put back when the compute ends."""
+
+    def __init__(self, *entries: Any) -> None:
+        super().__init__(entries)
+        self.dropped: set[Any] = set()
+
+    def discard(self, entry: Any) -> None:
+        self.dropped.add(entry)
+        super().discard(entry)
+
+    def remove(self, entry: Any) -> None:
+        self.dropped.add(entry)
+        super().discard(entry)
+
+
+@contextlib.contextmanager
+def _callbacks_taken() -> Iterator[list[Any]]:
+    """The user's dask callbacks in force, taken from ``Callback.active`` for a compute
+    on the cluster, as dask's ``local_callbacks`` takes them (a dask compute inside a
+    task of an in-process worker meanwhile calls none of them), but put back as they
+    stand when it ends: dask's puts the set back as it was taken, which is right for a
+    scheduler that blocks its thread but, across a compute's awaits, kept a callback
+    whose ``with`` ended meanwhile registered for good (it was called by every later
+    compute) and lost one registered meanwhile. Corral's own entry stays in force."""
+    taken = Callback.active
+    own = _own_callbacks() & taken
+    swapped = _Swapped(*own)
+    Callback.active = swapped
+    try:
+        yield [cb for cb in taken if cb not in own]
+    finally:
+        swapped.update(cb for cb in taken if cb not in swapped.dropped)
+        if Callback.active is swapped:  # (else another swap puts ``swapped`` back)
+            Callback.active = set(swapped)
 
 
 def _watch_local_computes(client: ClientActor, watch: bool = True) -> None:
@@ -3529,8 +3569,8 @@ class Cluster:
         worker calls none of them), the run counted by the scheduler and asked how far
         it is every :data:`~runtime.progress.PROGRESS_EVERY` seconds; ``finish`` is
         called however the compute ends."""
-        with local_callbacks() as callbacks:
-            hooks = Hooks([cb for cb in callbacks if cb not in _own_callbacks()], graph)
+        with _callbacks_taken() as callbacks:
+            hooks = Hooks(callbacks, graph)
             errored = True
             run = ""
             let_go: list[bool] = []  # said: the run's counts were let go

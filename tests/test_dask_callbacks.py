@@ -267,3 +267,34 @@ async def test_a_compute_followed_to_its_end_says_nothing_of_a_let_go(
             assert await compute == (0, 1)
     assert sorted(rec.finished()) == ["p-0", "p-1"]
     assert not logs.has("progress no longer counted"), logs.lines
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_a_callback_whose_with_ends_during_a_compute_is_not_put_back(
+    tmp_path: Path,
+) -> None:
+    """A ``with`` of a callback that ends while a compute on the cluster still awaits
+    its tasks unregisters it for good, and one entered meanwhile stays registered: the
+    compute takes the callbacks for its run as dask's ``local_callbacks`` does, but
+    puts back the set as it stands when it ends. Before, the taken set came back whole,
+    so the first stayed in ``Callback.active`` for ever (every later dask compute in
+    the process called it) and the second was gone."""
+    gate = tmp_path / "gate"
+    left, entered = Record(), Record()
+    async with Cluster(workers=1) as cluster:
+        with left:
+            computing = asyncio.ensure_future(
+                cluster.compute(dask.delayed(gated)(0, str(gate), dask_key_name="held"))
+            )
+            await wait_until(lambda: left.calls[:1] == [("start",)], "the compute started")
+        entered.__enter__()
+        try:
+            gate.touch()
+            assert await computing == 0
+            active = set(Callback.active)
+            assert left._callback not in active
+            assert entered._callback in active
+        finally:
+            entered.__exit__(None, None, None)
+    assert entered._callback not in Callback.active
