@@ -658,8 +658,8 @@ class MemoryGovernor:
         holding a 350 MB input at 43% of its limit held back a producer expected to
         make 800 MB, by an earlier run, throttled under its spill fence, and waited for
         ever while two other workers were idle)."""
-        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
-        if oldest is None or self.producing or self.fits(oldest):
+        oldest = self._stuck()
+        if oldest is None:
             return None
         target = min(self.resume_at, self.config.ceiling - self.expected(oldest))
         excess = ev.rss - target + 1  # fits() needs the RSS under the target
@@ -697,8 +697,8 @@ class MemoryGovernor:
         output made once on a 1 GiB thread worker kept the next task of its category
         deferred there, the worker throttled at 80 MiB of RSS, for ever, its peer idle).
         The oldest starts, alone (:class:`Alone`): other producers wait for it."""
-        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
-        if oldest is None or self.producing or self.fits(oldest):
+        oldest = self._stuck()
+        if oldest is None:
             return
         del self.deferred[oldest]
         self.deferrals.pop(oldest, None)
@@ -708,8 +708,22 @@ class MemoryGovernor:
     def _held_back(self) -> bool:
         """Producers wait here that memory keeps from starting: the oldest deferred one
         (the first :meth:`_resume` would start) does not fit."""
-        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
+        oldest = self._oldest()
         return oldest is not None and not self.fits(oldest)
+
+    def _oldest(self) -> Any | None:
+        """The oldest deferred producer, the first :meth:`_resume` would start (None:
+        none is deferred)."""
+        return min(self.deferred, key=self.deferred.__getitem__, default=None)
+
+    def _stuck(self) -> Any | None:
+        """The oldest deferred producer when no producer runs and its expected output
+        does not fit even so (it starts only once memory falls), else None: what
+        :meth:`_room` spills for and :meth:`_alone` starts."""
+        oldest = self._oldest()
+        if oldest is None or self.producing or self.fits(oldest):
+            return None
+        return oldest
 
     def _mark(self, floor: int, out: list[Command]) -> None:
         """The floor is ``floor``. Memory that is not outputs and that a trim did not
