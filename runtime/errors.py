@@ -1590,20 +1590,44 @@ def note_command_output(error: BaseException) -> None:
     :data:`MAX_COMMAND_OUTPUT` characters. Its own text says only that the command
     ``returned non-zero exit status 3``; the note travels with it to the client, whose
     traceback prints it, and the scheduler's text of the error ends with it (the
-    dashboard's failure groups, the monitoring database). Once per exception; any other
-    exception is left as it is."""
+    dashboard's failure groups, the monitoring database). One whose command's output
+    was not captured at all (``subprocess.run(cmd, check=True)``, or ``stderr=`` a
+    file, as a Parsl ``bash_app`` redirects it: both ``stderr`` and ``output`` None)
+    gets :data:`NOT_CAPTURED_NOTE` instead, which says where the stderr went and how to
+    have it here. Once per exception; any other exception is left as it is."""
     if not isinstance(error, subprocess.SubprocessError) or command_output(error) is not None:
         return
+    note = ""
+    captured = False
     for name in ("stderr", "output"):
-        text, cut = _tail(getattr(error, name, None))
+        value = getattr(error, name, None)
+        captured = captured or value is not None
+        text, cut = _tail(value)
         if text:
             said = f" (its last {MAX_COMMAND_OUTPUT} characters)" if cut else ""
-            with contextlib.suppress(Exception):  # (a __notes__ that is not a list)
-                error.add_note(f"{COMMAND_OUTPUT_NOTE}{name}{said}:\n{text}")
-            return
+            note = f"{COMMAND_OUTPUT_NOTE}{name}{said}:\n{text}"
+            break
+    if not note and not captured and isinstance(error, _COMMAND_ERRORS):
+        note = NOT_CAPTURED_NOTE
+    if note:
+        with contextlib.suppress(Exception):  # (a __notes__ that is not a list)
+            error.add_note(note)
 
 
-__all__ += ["MAX_COMMAND_OUTPUT", "command_output", "note_command_output"]
+#: the errors of a command that may carry what it wrote (``stderr``, ``output``)
+_COMMAND_ERRORS = (subprocess.CalledProcessError, subprocess.TimeoutExpired)
+#: the note of a command error whose command's output was not captured
+NOT_CAPTURED_NOTE = (
+    f"{COMMAND_OUTPUT_NOTE}stderr was not captured: it went to the file given as "
+    "stderr=, or else where the task's worker writes its stderr (a manager's or "
+    "cluster's log for the workers it started, a Slurm block's .err file), not with "
+    "this task. To have its end here, run the command with capture_output=True (or "
+    "stderr=subprocess.PIPE), and write it to a file yourself if you keep one: "
+    "docs/configuration.md#where-a-tasks-output-goes"
+)
+
+
+__all__ += ["MAX_COMMAND_OUTPUT", "NOT_CAPTURED_NOTE", "command_output", "note_command_output"]
 
 
 class InputsUnreachable(CorralError):

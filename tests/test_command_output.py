@@ -12,7 +12,12 @@ import subprocess
 import cloudpickle
 
 from actors.scheduler_records import MAX_ERROR_CHARS, error_record, error_text
-from runtime.errors import MAX_COMMAND_OUTPUT, TaskErrorTooLarge, note_command_output
+from runtime.errors import (
+    MAX_COMMAND_OUTPUT,
+    NOT_CAPTURED_NOTE,
+    TaskErrorTooLarge,
+    note_command_output,
+)
 from runtime.remote import bound_error
 
 
@@ -48,8 +53,10 @@ def test_bytes_are_decoded_and_only_the_last_2000_characters_are_kept() -> None:
 
 
 def test_an_error_without_a_command_s_output_is_left_as_it_is() -> None:
-    silent, other = _failed(), ValueError("bad row")
-    for err in (silent, other, _failed(stderr="   \n")):
+    """A command whose output was captured and is blank, and any other error, get no
+    note (one whose output was not captured at all: the test below)."""
+    other = ValueError("bad row")
+    for err in (other, _failed(stderr="   \n"), _failed(stderr=b"", output=b"")):
         note_command_output(err)
         assert not hasattr(err, "__notes__")
     assert error_text(other) == "bad row"
@@ -82,3 +89,23 @@ def test_where_a_task_s_error_is_caught_it_gets_the_note_and_it_travels() -> Non
     assert isinstance(stand_in, TaskErrorTooLarge)
     assert stand_in.head.endswith("yyy\nthe command's stderr:\nERROR: no room")
     assert str(stand_in).count("ERROR: no room") == 1
+
+
+def test_a_command_whose_output_was_not_captured_says_so_and_what_to_do() -> None:
+    """A user audit (parsl): a bash_app converted as ``subprocess.run(cmd,
+    shell=True, check=True)``, or with ``stderr=`` a file as Parsl's ``stderr=``
+    redirects it, failed with ``returned non-zero exit status 4.`` alone: its stderr
+    was in the manager's log, a line not naming the task, and nothing said to capture
+    it. Now such an error (``stderr`` and ``output`` None) carries a note saying where
+    its stderr went and how to have it with the error; the scheduler's text of it (the
+    dashboard, the monitoring database) ends with it, once."""
+    for err in (_failed(), subprocess.TimeoutExpired(["wcs"], 5.0)):
+        note_command_output(err)
+        note_command_output(err)
+        assert err.__notes__ == [NOT_CAPTURED_NOTE]
+        assert error_text(err) == f"{err}\n{NOT_CAPTURED_NOTE}"
+    assert NOT_CAPTURED_NOTE.startswith("the command's stderr was not captured: ")
+    assert "capture_output=True" in NOT_CAPTURED_NOTE
+    quiet = subprocess.SubprocessError("no command's fields")  # not a command's error
+    note_command_output(quiet)
+    assert not hasattr(quiet, "__notes__")

@@ -30,7 +30,7 @@ import pytest
 from actors.scheduler import MAX_TRACEBACK_TEXT
 from runtime import Cluster
 from runtime.dashboard import story_page
-from runtime.errors import DependencyFailed, TaskOutOfMemory
+from runtime.errors import NOT_CAPTURED_NOTE, DependencyFailed, TaskOutOfMemory
 from runtime.messages import MetricsReply, MetricsRequest
 from runtime.report import FAILURES_TITLE, build_report
 from tests.helpers import wait_until
@@ -111,6 +111,44 @@ def wcs_tool(ccd: int) -> str:
     """A Parsl bash_app's step: an external tool run with ``check=True``."""
     done = subprocess.run([sys.executable, "-c", TOOL], check=True, capture_output=True)
     return done.stdout.decode()
+
+
+def uncaptured_tool(stderr_file: str) -> None:
+    """A bash_app converted without capturing the tool's output: its stderr goes where
+    the task's goes, or (given a path) to that file, as Parsl's ``stderr=``."""
+    script = "import sys; print('ERROR: bad WCS header', file=sys.stderr); sys.exit(4)"
+    if not stderr_file:
+        subprocess.run([sys.executable, "-c", script], check=True)
+        return
+    with open(stderr_file, "w") as err:
+        subprocess.run([sys.executable, "-c", script], check=True, stderr=err)
+
+
+async def test_a_tool_whose_stderr_was_not_captured_says_where_it_went(tmp_path: Path) -> None:
+    """A user audit (parsl): a tool run without ``capture_output=True`` (its stderr in
+    the worker's log, or in a file as Parsl's ``stderr=`` puts it) failed with
+    ``returned non-zero exit status 4.`` alone, in the client and the database. Now
+    its error says where its stderr went and to capture it, in both."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.2) as c:
+            for key, where in (("plain", ""), ("to-file", str(tmp_path / "tool.err"))):
+                with pytest.raises(subprocess.CalledProcessError) as caught:
+                    await c.submit(uncaptured_tool, where, key=key)
+                assert caught.value.returncode == 4 and caught.value.stderr is None
+                assert caught.value.__notes__[0] == NOT_CAPTURED_NOTE
+                assert NOT_CAPTURED_NOTE in "".join(traceback.format_exception(caught.value))
+            await wait_until(
+                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'erred'") == [(2,)],
+                "the erred tasks in the database",
+                limit=30,
+            )
+    assert (tmp_path / "tool.err").read_text() == "ERROR: bad WCS header\n"
+    failed = _rows(db, _doc_sql("Which tasks failed for good"))
+    assert sorted(key for key, *_ in failed) == ["plain", "to-file"]
+    for _, _, _, cause, error, _ in failed:
+        assert cause is None and error.startswith("CalledProcessError: Command '[")
+        assert error.endswith(f"returned non-zero exit status 4.\n{NOT_CAPTURED_NOTE}")
 
 
 async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboard(
