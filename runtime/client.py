@@ -89,6 +89,7 @@ from runtime.errors import (
     GraphNotLoadable,
     ManagerLost,
     ManagerStopping,
+    ParslOnlyArgument,
     PermissionDenied,
     RemoteError,
     RunNoAnswer,
@@ -800,11 +801,32 @@ _DASK_ONLY = {
 }
 
 
+#: The keywords a Parsl app takes when called that Corral's ``submit`` and ``map`` do
+#: not, and what to use instead.
+_PARSL_ONLY = {
+    "walltime": "Parsl's walltime= is timeout= here: the seconds each try may run, past "
+    "which it fails with TaskTimeout (which retries= retries)",
+    "stdout": "Corral does not redirect a task's output: capture it in the task "
+    "(subprocess.run(..., capture_output=True, text=True)) and write it to the file, or "
+    "return it",
+    "stderr": "Corral does not redirect a task's output: capture it in the task "
+    "(subprocess.run(..., capture_output=True, text=True)), write it to the file, then "
+    "done.check_returncode(), so that a failure's error shows its end",
+    "inputs": "Pass a task's inputs as its arguments: a path on shared storage as a str, "
+    "or a file output's Future (its File arrives on the task's worker)",
+    "outputs": "A task makes a file its output by writing at output_path(name) and "
+    "returning File(path); one on shared storage, by returning its path as a str",
+    "parsl_resource_specification": "Give resources=, in bytes where Parsl's are MB: "
+    "resources={'cores': 2, 'memory': 2000 * 2**20, 'disk': 1000 * 2**20}",
+}
+
+
 def _refuse_dask_only(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
     """:class:`DaskOnlyArgument` for a keyword of dask.distributed's ``submit`` among
     ``kwargs`` that ``func``'s signature does not name (which then gets it, as any other
-    keyword). A function whose signature cannot be read gets them."""
-    given = [name for name in _DASK_ONLY if name in kwargs]
+    keyword), :class:`ParslOnlyArgument` for a keyword of a Parsl app's call alike. A
+    function whose signature cannot be read gets them."""
+    given = [name for name in (*_DASK_ONLY, *_PARSL_ONLY) if name in kwargs]
     if not given:
         return
     try:
@@ -814,7 +836,9 @@ def _refuse_dask_only(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> No
     for name in given:
         param = params.get(name)
         if param is None or param.kind is inspect.Parameter.POSITIONAL_ONLY:
-            raise DaskOnlyArgument(name, funcname(func), _DASK_ONLY[name])
+            if name in _DASK_ONLY:
+                raise DaskOnlyArgument(name, funcname(func), _DASK_ONLY[name])
+            raise ParslOnlyArgument(name, funcname(func), _PARSL_ONLY[name])
 
 
 class _FuncToken:

@@ -56,6 +56,7 @@ __all__ = [
     "MissingKeysError",
     "MonitoringDBError",
     "PackageShadowed",
+    "ParslOnlyArgument",
     "PermissionDenied",
     "PolicyCreateError",
     "PolicyKindError",
@@ -2186,6 +2187,29 @@ class DaskOnlyArgument(CorralError, TypeError):
             )
         super().__init__(
             f"{said} {instead} (docs/api.md, 'Coming from dask.distributed').",
+            name=name,
+            func=func,
+            instead=instead,
+        )
+
+
+class ParslOnlyArgument(CorralError, TypeError):
+    """``submit`` or ``map`` got ``name``, a keyword a Parsl app takes (``walltime``,
+    ``stdout``, ``stderr``, ``inputs``, ``outputs``, ``parsl_resource_specification``),
+    for a function whose signature does not name it: Corral says so at the call, with
+    what to use instead (``instead``), where passing it on would fail the task on its
+    worker with ``TypeError: f() got an unexpected keyword argument``. Also a
+    ``TypeError``, what such a call raises."""
+
+    name: str
+    func: str
+    instead: str
+
+    def __init__(self, name: str, func: str, instead: str) -> None:
+        super().__init__(
+            f"{name}= is a keyword of a Parsl app that Corral's submit and map do not take, "
+            f"and {func}() has no parameter {name!r}, so it is not passed to it either. "
+            f"{instead} (docs/api.md, 'Coming from Parsl').",
             name=name,
             func=func,
             instead=instead,

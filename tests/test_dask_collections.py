@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from runtime import Cluster
-from runtime.errors import CorralError, DaskOnlyArgument
+from runtime.errors import CorralError, DaskOnlyArgument, ParslOnlyArgument
 from tests.helpers import free_port_between
 
 BOUND = 60
@@ -98,3 +98,37 @@ async def test_dask_distributed_only_keywords_are_refused_unless_the_function_ta
             assert await cluster.submit(placed, 1, workers="a") == (1, "a", None)
             mapped = cluster.map(placed, [1, 2], fifo_timeout="1s")
             assert await cluster.gather(mapped) == [(1, None, "1s"), (2, None, "1s")]
+
+
+def run_step(x: int, inputs: Any = None) -> tuple[int, Any]:
+    return x, inputs
+
+
+@pytest.mark.anyio
+async def test_parsl_app_keywords_are_refused_unless_the_function_takes_them() -> None:
+    """A user audit (parsl): a workflow converted from Parsl that kept an app call's
+    keywords, cluster.submit(step, 1, walltime=60) (or stdout=, outputs=, ...), had its
+    task fail on its worker with ``TypeError: step() got an unexpected keyword argument
+    'walltime'``, after it was sent; now the call is refused at once, saying what to use
+    (timeout=), as dask.distributed's keywords are."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(ParslOnlyArgument, match=r"walltime= .* timeout= here") as info:
+                cluster.submit(inc, 1, walltime=60)
+            assert isinstance(info.value, TypeError)
+            assert (info.value.name, info.value.func) == ("walltime", "inc")
+            said = {
+                "stdout": "capture_output=True",
+                "stderr": "check_returncode",
+                "inputs": "file output's Future",
+                "outputs": r"output_path\(name\)",
+                "parsl_resource_specification": r"resources=, in bytes",
+            }
+            for name, instead in said.items():
+                with pytest.raises(ParslOnlyArgument, match=f"{name}= is a keyword of a Parsl"):
+                    cluster.submit(inc, 1, **{name: "x"})  # **kwargs takes no such name
+                with pytest.raises(ParslOnlyArgument, match=instead):
+                    cluster.map(inc, [1, 2], **{name: "x"})
+            # a function whose signature names it gets it, as any other keyword
+            assert await cluster.submit(run_step, 1, inputs=["a"]) == (1, ["a"])
+            assert await cluster.gather(cluster.map(run_step, [2], inputs="b")) == [(2, "b")]
