@@ -27,11 +27,10 @@ import pytest
 import runtime.node
 from runtime import Cluster
 from runtime.node import port_takes_connections
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
-PORT = 58011  #: the gateway's port (this helper's range: 58000-58499)
 LIMIT = 60  #: seconds the whole test may take, however it fails
 STALL = 8.0  #: seconds the test blocks its event loop: past the workers' 2 + 0.5 + 2 s
 #: the worker processes' limits, set before their command line runs: a ping every
@@ -106,7 +105,7 @@ async def test_a_blocked_host_loop_costs_no_running_work(
     starts, release = tmp_path / "starts", tmp_path / "release"
     with anyio.fail_after(LIMIT):
         async with Cluster(
-            processes=2, threads_per_worker=2, port=PORT, worker_timeout=2
+            processes=2, threads_per_worker=2, port=free_port(), worker_timeout=2
         ) as cluster:
             await cluster.wait_for_workers(2, timeout=LIMIT)
             before = {w.worker_id: w.pid for w in (await cluster.status())["workers"]}
@@ -154,7 +153,7 @@ async def test_a_worker_that_had_not_joined_waits_for_a_blocked_loop(
     monkeypatch.setenv("CORRAL_CONNECT_TIMEOUT", "2")  # its first try: 2 s, not 10
     caplog.set_level(logging.INFO, logger="corral")
     with anyio.fail_after(LIMIT):
-        async with Cluster(processes=1, port=PORT + 2) as cluster:
+        async with Cluster(processes=1, port=free_port()) as cluster:
             assert not (await cluster.status())["workers"]  # (it imports for seconds)
             time.sleep(STALL + 1)  # noqa: ASYNC251 - past the worker's start and its try
             await cluster.wait_for_workers(1, timeout=LIMIT)
@@ -167,10 +166,11 @@ async def test_a_worker_that_had_not_joined_waits_for_a_blocked_loop(
 
 async def test_a_port_that_takes_connections() -> None:
     with anyio.fail_after(10):
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=PORT + 1)
+        port = free_port()
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
         async with listener:
-            assert await port_takes_connections(f"ws://127.0.0.1:{PORT + 1}")
-        assert not await port_takes_connections(f"ws://127.0.0.1:{PORT + 1}")
+            assert await port_takes_connections(f"ws://127.0.0.1:{port}")
+        assert not await port_takes_connections(f"ws://127.0.0.1:{port}")
         assert not await port_takes_connections("inproc://x")
         assert not await port_takes_connections("ws://127.0.0.1")  # no port
 

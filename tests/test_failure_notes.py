@@ -30,13 +30,12 @@ import pytest
 from runtime import Cluster
 from runtime.client import _raised_copy
 from runtime.errors import DependencyFailed, GraphNotLoadable
-from tests.helpers import Cli
+from tests.helpers import Cli, free_port
 from tests.test_not_importable import labops
 
 __all__ = ["labops"]  # the fixture, used by name
 
 LIMIT = 60  # seconds for a cluster (or a manager process) to start
-PORT = 62100  # the manager process's port (this file's range: 62100-62119)
 
 
 def load(i: int) -> int:
@@ -158,7 +157,7 @@ async def test_a_refused_graphs_futures_raise_its_error_as_long_each_time(
     tests/test_not_importable.py) fail with ``GraphNotLoadable``, a Corral error the
     client made (no note), whose traceback grew by each ``await`` (46 to 101 lines)."""
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
-        proc = cli.start("manager", "--listen", f"127.0.0.1:{PORT}", "--no-monitoring")
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{free_port()}", "--no-monitoring")
         line = await anyio.to_thread.run_sync(cli.line_with, proc, "manager listening on")
         address = line.split("manager listening on", 1)[1].strip()
         async with Cluster(address) as c:

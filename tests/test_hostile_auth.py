@@ -16,7 +16,6 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ from runtime.node import (
     _Door,
 )
 from runtime.remote import Refused, to_wire
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 LIMIT = 60
 PY = sys.executable
@@ -566,12 +565,6 @@ def test_a_client_not_told_the_token_file_says_where_a_manager_keeps_it(
     assert "clienthome" not in text and "127.0.0.1_28800" not in text, text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.anyio
 async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path: Path) -> None:
     """The manager crashes and restarts on the same port with new tokens: the worker's
@@ -581,7 +574,7 @@ async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path:
     1 with the reason. (A manager stopped on purpose would tell it so, and it would
     leave instead of rejoining.)"""
     env = _env(tmp_path / "home")
-    port = _free_port()
+    port = free_port()
     first, address = _manager(tmp_path, env, f"127.0.0.1:{port}")
     procs = [first]
     try:

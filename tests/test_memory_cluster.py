@@ -23,7 +23,7 @@ from actors.executor import GLIBC
 from runtime import Cluster
 from runtime.errors import MemoryStalled, TaskOutOfMemory
 from runtime.messages import get_data_batches
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90  # seconds per test
@@ -286,8 +286,6 @@ async def test_thread_workers_never_run_two_bursts_together_once_their_rise_is_k
 
 HELD = 230 * 2**20  #: what ``held`` holds: past the throttle fence with the worker's own
 #: 70-130 MiB (280 MiB of 400), under the terminate fence (380 MiB)
-PORT = 61010  #: the manager's port (this helper's range: 61000-61499) ...
-WORKER_PORTS = "61011-61030"  #: ... and its worker's
 
 
 def held(nbytes: int, release: str) -> int:
@@ -300,22 +298,16 @@ def held(nbytes: int, release: str) -> int:
 
 
 async def test_a_thread_task_holding_most_of_its_workers_memory_runs_to_its_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The failures audit's finding 1: a task that holds most of its thread worker's
     memory, under its limit, throttles the worker; it was failed with ``MemoryStalled``
     after ``stall_timeout`` while it ran ("producer tasks still to run"). It runs on,
     through many ``stall_timeout``s of its worker throttled, and its value comes back."""
-    import runtime.node
-
-    real = runtime.node.worker_argv
-    monkeypatch.setattr(
-        runtime.node, "worker_argv", lambda *a, **k: [*real(*a, **k), "--port-range", WORKER_PORTS]
-    )
     release = tmp_path / "release"
     with anyio.fail_after(30):
         async with Cluster(
-            processes=1, port=PORT, memory_per_worker=MEMORY, stall_timeout=0.25
+            processes=1, port=free_port(), memory_per_worker=MEMORY, stall_timeout=0.25
         ) as c:  # fmt: skip
             await c.wait_for_workers(1, timeout=20)
             future = c.submit(held, HELD, str(release))

@@ -17,19 +17,20 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from tests.helpers import log_lines, wait_until
+from tests.helpers import free_port, log_lines, wait_until
 
 LIMIT = 10.0
-PORT = 59021  # Cluster(processes=0)'s gateway (this module's range: 59020-59029)
 QUICK = {"manager_alerts": 0.1, "alerting": {"interval": 0.1}}
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("sizing", [{"workers": 0}, {"processes": 0, "port": PORT}])
+@pytest.mark.parametrize("sizing", [{"workers": 0}, {"processes": 0, "port": 0}])
 async def test_an_embedded_cluster_without_workers_warns_that_its_tasks_wait(
     sizing: dict[str, int],
 ) -> None:
     with anyio.fail_after(LIMIT), log_lines("corral.client", logging.WARNING) as log:
+        if "port" in sizing:  # a gateway on a port free now
+            sizing = {**sizing, "port": free_port()}
         async with Cluster(**sizing, **QUICK) as cluster:  # type: ignore[arg-type]
             fut = cluster.submit(operator.add, 1, 2)
             line = await wait_until(

@@ -24,9 +24,9 @@ import pytest
 import runtime
 from runtime import Cluster
 from runtime.errors import CorralError, DependencyFailed, TaskExited
+from tests.helpers import free_port
 
 LIMIT = 30  # seconds (a cluster of a worker process starts within it)
-PORT = 59011  # Cluster(processes=1)'s gateway (the range of this test module: 59010-59019)
 
 
 class Halt(BaseException):
@@ -124,7 +124,7 @@ def test_it_pickles_with_its_fields() -> None:
 @pytest.mark.anyio
 async def test_from_a_worker_process() -> None:
     with anyio.fail_after(LIMIT):
-        async with Cluster(processes=1, port=PORT) as cluster:
+        async with Cluster(processes=1, port=free_port()) as cluster:
             futures = cluster.map(maybe_exit, range(5))
             with pytest.raises(TaskExited) as info:
                 await cluster.gather(futures)
