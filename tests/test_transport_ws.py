@@ -1208,6 +1208,36 @@ async def test_a_connection_cut_off_in_its_handshake_says_the_listener_closed_it
     )
 
 
+async def test_a_wss_connection_closed_before_tls_says_so_and_names_a_tunnel() -> None:
+    """A wss:// connect to a port that takes the TCP connection and closes it before
+    the TLS handshake, as an SSH tunnel (ssh -L) does whose far end is refused (the
+    manager down): the error says the listener closed it during the TLS handshake and
+    names the tunnel, not "nothing accepted the connection (Cannot connect to host ...
+    ssl:<ssl.SSLContext object at 0x...> [None])" (multi audit, finding 1)."""
+    _, client_ctx, _ = tls_contexts()
+
+    async def close_at_once(stream: anyio.abc.SocketStream) -> None:
+        await stream.aclose()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    uri = f"wss://127.0.0.1:{port}/"
+    with anyio.fail_after(TIMEOUT):
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, close_at_once)
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(uri, timeout=5, ssl_context=client_ctx)
+            tg.cancel_scope.cancel()
+    assert str(info.value) == (
+        f"could not connect to {uri}: the listener closed the connection during the TLS "
+        f"handshake. {CUT_OFF_HINT}"
+    )
+    assert "an SSH tunnel (ssh -L) or a proxy does it when its far side cannot reach" in (
+        CUT_OFF_HINT
+    )
+    assert "SSLContext object" not in str(info.value)
+
+
 async def test_a_connect_timeout_says_how_to_give_it_longer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

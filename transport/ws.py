@@ -2088,10 +2088,12 @@ class WebSocketBackend(Backend):
 _CUT_OFF: Final = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE})
 #: why a listener cuts off a connection in its handshake (a missing listener refuses it)
 CUT_OFF_HINT: Final = (
-    "Something listens there (it took the TCP connection), so a listener runs: a Corral "
-    "listener closes connections in their handshake when it is overloaded, e.g. by many "
-    "half-open connections (its log then says 'too many connections without a complete "
-    "HTTP request; closed the oldest'). Retrying may help."
+    "Something listens there (it took the TCP connection): a Corral listener closes "
+    "connections in their handshake when it is overloaded, e.g. by many half-open "
+    "connections (its log then says 'too many connections without a complete HTTP "
+    "request; closed the oldest'); an SSH tunnel (ssh -L) or a proxy does it when its far "
+    "side cannot reach the listener: check that the manager runs there, at the host and "
+    "port the tunnel forwards to (ssh prints 'open failed'). Retrying may help."
 )
 
 
@@ -2174,6 +2176,13 @@ def _connect_error(
         why = os.strerror(code) if code else exc.strerror or str(exc)
         if code in _CUT_OFF:  # (in the TLS handshake)
             return _cut_off(uri, code)
+        if code is None and isinstance(exc.os_error, ConnectionError):
+            # The TCP connection was taken, then closed before TLS could start (asyncio's
+            # "Connection lost", no errno): an SSH tunnel whose far end is refused does
+            # that, not "nothing accepted" (multi audit, finding 1)
+            return ConnectFailed(
+                uri, "the listener closed the connection during the TLS handshake", CUT_OFF_HINT
+            )
         return ConnectFailed(uri, f"nothing accepted the connection ({why})")
     if isinstance(exc, aiohttp.ServerTimeoutError):  # aiohttp's connect timeout
         return timed_out(uri, "no websocket connection", timeout)
