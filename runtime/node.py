@@ -3331,6 +3331,8 @@ async def run_manager(
         cleartext = cleartext_warning(listener.address)
         if cleartext is not None:
             _log.warning(cleartext)
+        if listener.address.startswith("wss://"):
+            _check_served_certificate(None, options)
         if pools:  # in the background: it only warns, and Slurm may take long to answer
             from runtime.preflight import quick_checks_service
 
@@ -4116,11 +4118,17 @@ def _check_peer_tls(address: str, listen_options: Mapping[str, Any]) -> None:
     )
 
 
-def _check_served_certificate(host: str, listen_options: Mapping[str, Any]) -> None:
+def _check_served_certificate(host: str | None, listen_options: Mapping[str, Any]) -> None:
     """Warn, as a ``wss://`` worker starts, when its peers would refuse the certificate
     it serves them: verified as this worker verifies its own peers (``CORRAL_TLS_CA``,
     else the system's CAs), dialled at ``host`` (its ``--host``). It joins anyway (the
-    manager does not verify it), but every fetch of its outputs would fail."""
+    manager does not verify it), but every fetch of its outputs would fail.
+
+    ``host`` None: a manager, as it listens: its certificate's dates, and its chain
+    against its ``--tls-ca`` when given (:func:`transport.tls.own_certificate_verifier`;
+    not its names, which its clients may dial by any of). An expired certificate made
+    every client, worker and console fail with nothing said at the manager (multi
+    audit, finding 2)."""
     import ssl
 
     from transport import tls
@@ -4128,14 +4136,24 @@ def _check_served_certificate(host: str, listen_options: Mapping[str, Any]) -> N
     server = listen_options.get("ssl_context") or tls.server_context()
     if server is None:
         return
-    client = tls.client_context() or ssl.create_default_context()
+    if host is None:
+        client = tls.own_certificate_verifier()
+        if client is None:  # an ssl_context from code: its files are not known
+            return
+        event = (
+            "clients, workers and consoles would refuse this manager's certificate: none of "
+            "them can connect"
+        )
+    else:
+        client = tls.client_context() or ssl.create_default_context()
+        event = "peers would refuse this worker's certificate: they cannot fetch its outputs"
     refused = tls.refused_certificate(server, client, host)
     if refused is not None:
         _log.warning(
-            "peers would refuse this worker's certificate: they cannot fetch its outputs",
-            host=host,
+            event,
+            **({} if host is None else {"host": host}),
             reason=refused.verify_message,
-            hint=tls.certificate_hint(refused.verify_code, host),
+            hint=tls.certificate_hint(refused.verify_code, host or ""),
         )
 
 

@@ -103,6 +103,36 @@ def test_a_worker_warns_at_start_when_its_certificate_does_not_name_its_host(
         cli.line_with(proc, "joined", LIMIT)
 
 
+def test_a_manager_warns_as_it_listens_when_its_certificate_has_expired(
+    tmp_path: Path,
+) -> None:
+    """A manager serving an expired certificate: every client, worker and console fails
+    its TLS handshake, and the manager said nothing (multi audit, finding 2). It warns
+    as it listens, with OpenSSL's reason and what to do; with a valid one it does not."""
+    cert_pem, key_pem = self_signed_pem(expired=True)
+    expired = tmp_path / "expired.pem"
+    expired.write_bytes(cert_pem + key_pem)
+    expired.chmod(0o600)
+    cert, key = _pem(tmp_path)
+    said = "would refuse this manager's certificate"
+    with Cli(tmp_path / "home") as cli:
+        bad = cli.start("manager", "--listen", "wss://127.0.0.1:0", "--tls-cert", str(expired),
+                        "--no-monitoring")  # fmt: skip
+        line = cli.line_with(bad, said, LIMIT)
+        assert "reason='certificate has expired'" in line, line
+        assert "outside its validity dates" in line and "give it a valid certificate" in line
+        good, address = cli.manager(
+            "--listen", "wss://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key,
+            "--tls-ca", cert, "--no-monitoring",
+        )  # fmt: skip
+        console = cli.start("console", address, "--tls-ca", cert, "status")
+        out = cli.rest(console, LIMIT)
+        assert console.wait(LIMIT) == 0, out  # the certificate is good: it connects
+        cli.stop([good])
+        rest = cli.rest(good, LIMIT)
+    assert not any(said in line for line in rest), rest
+
+
 def test_a_console_takes_tls_ca_before_or_after_the_address(tmp_path: Path) -> None:
     """``console --tls-ca FILE`` is the worker's flag: the console verifies a ``wss://``
     manager by FILE, given before the address or after it (where the console's options

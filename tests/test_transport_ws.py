@@ -963,6 +963,50 @@ def test_a_certificate_is_checked_as_a_connection_would_without_a_socket() -> No
         assert advice in certificate_hint(refused.verify_code, host)
 
 
+def test_a_listeners_own_certificate_is_checked_for_its_dates_and_its_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tls.own_certificate_verifier``: what a manager checks its own certificate with
+    as it listens. Its dates always; its chain against CORRAL_TLS_CA when set, else the
+    certificate is its own anchor; no name (its clients may dial it by any it carries),
+    so a certificate for other names passes (multi audit, finding 2)."""
+    from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, own_certificate_verifier
+
+    def files(name: str, names: tuple[str, ...], *, expired: bool = False) -> Path:
+        cert_pem, key_pem = self_signed_pem(names, expired=expired)
+        (tmp_path / f"{name}.pem").write_bytes(cert_pem + key_pem)
+        return tmp_path / f"{name}.pem"
+
+    monkeypatch.delenv(TLS_KEY_ENV, raising=False)
+    monkeypatch.delenv(TLS_CA_ENV, raising=False)
+    monkeypatch.delenv(TLS_CERT_ENV, raising=False)
+    assert own_certificate_verifier() is None  # nothing served from a file
+    other = files("other", ("127.0.0.2",))  # (self_signed_pem is cached by names)
+    verdicts = {}
+    for name, names, expired, ca in [
+        ("ok", ("127.0.0.1",), False, None),
+        ("elsewhere", ("manager.example.org",), False, None),
+        ("expired", ("127.0.0.1",), True, None),
+        ("other-ca", ("127.0.0.1",), False, other),
+    ]:
+        cert = files(name, names, expired=expired)
+        monkeypatch.setenv(TLS_CERT_ENV, str(cert))
+        if ca is not None:
+            monkeypatch.setenv(TLS_CA_ENV, str(ca))
+        served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        served.load_cert_chain(cert)
+        verifier = own_certificate_verifier()
+        assert verifier is not None
+        refused = refused_certificate(served, verifier, None)
+        verdicts[name] = None if refused is None else refused.verify_message
+    assert verdicts == {
+        "ok": None,
+        "elsewhere": None,
+        "expired": "certificate has expired",
+        "other-ca": "self-signed certificate",
+    }
+
+
 # ----------------------------------------------------------------------------- options
 
 

@@ -15,7 +15,8 @@ transport calls when it was given no ``ssl_context``:
 :func:`certificate_hint` says what to do about a certificate a connection refused
 (OpenSSL's verify code), and :func:`refused_certificate` tells, without a socket,
 whether a connection would refuse the certificate a context serves (a worker checks its
-own, dialled at its ``--host``, as it starts).
+own, dialled at its ``--host``, as it starts; a manager its own chain and dates, with
+:func:`own_certificate_verifier`).
 
 Contexts are loaded once per file (again when the file changes). A file that cannot be
 read, or does not hold what it should, raises :class:`ValueError` naming the variable.
@@ -34,6 +35,7 @@ __all__ = [
     "TLS_KEY_ENV",
     "certificate_hint",
     "client_context",
+    "own_certificate_verifier",
     "refused_certificate",
     "server_context",
 ]
@@ -147,13 +149,30 @@ def certificate_hint(code: int, host: str) -> str:
     )
 
 
+def own_certificate_verifier() -> ssl.SSLContext | None:
+    """A context that verifies the certificate this process serves (``CORRAL_TLS_CERT``)
+    as its clients would, but for the host name, which a listener cannot know (they may
+    dial it by any name its certificate carries): its chain against ``CORRAL_TLS_CA``
+    when that is set (a manager given ``--tls-ca`` and a certificate it does not sign
+    is most likely a mistake of files), else against the certificate itself, so that
+    only its dates are checked. None without ``CORRAL_TLS_CERT``."""
+    cert = os.environ.get(TLS_CERT_ENV)
+    if not cert:
+        return None
+    verifier = ssl.create_default_context(cafile=os.environ.get(TLS_CA_ENV) or cert)
+    verifier.check_hostname = False
+    verifier.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf may be the anchor
+    return verifier
+
+
 def refused_certificate(
-    server: ssl.SSLContext, client: ssl.SSLContext, host: str
+    server: ssl.SSLContext, client: ssl.SSLContext, host: str | None
 ) -> ssl.SSLCertVerificationError | None:
     """Why a connection verifying with ``client`` and dialling ``host`` would refuse the
     certificate ``server`` serves (None: it would accept it, or the handshake fails for
     another reason): a TLS handshake between the two in memory, no socket, with the
-    checks a real connection makes (the chain against the CAs, the dates, the names)."""
+    checks a real connection makes (the chain against the CAs, the dates, the names;
+    ``host`` None: no name, for a ``client`` that checks none)."""
     to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
     dialler = client.wrap_bio(to_client, to_server, server_hostname=host)
     listener = server.wrap_bio(to_server, to_client, server_side=True)
