@@ -2585,6 +2585,14 @@ class Cluster:
         )
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
+        if address.startswith(("ws://", "wss://")):
+            # aiohttp's own ping (a pong due within half of it more) must not cut a
+            # manager stall this client was told to wait out: at its default (30 s) it
+            # ended a manager_timeout=120 client after 45 s (multi audit, finding 3).
+            # The Peer's check below, which says why, is what gives up.
+            from transport.ws import DEFAULT_HEARTBEAT
+
+            options["heartbeat"] = max(DEFAULT_HEARTBEAT, self.manager_timeout)
         try:
             conn = await connect(address, **options)
         except AuthenticationFailed as exc:

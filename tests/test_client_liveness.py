@@ -206,6 +206,33 @@ async def test_a_client_rides_out_a_manager_stall_shorter_than_its_manager_timeo
     assert DEAD_AFTER - 3 <= lost_after < DEAD_AFTER + HEARTBEAT + 2, lost_after
 
 
+async def test_a_clients_websocket_heartbeat_does_not_cut_a_stall_within_its_manager_timeout(
+    manager: tuple[str, subprocess.Popen[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client given ``manager_timeout=30`` rides out a manager stall of 6 s even when
+    its websocket's own heartbeat is shorter than the stall: aiohttp's ping, at its
+    default 30 s (a pong due 15 s later), ended such a client after 45 s of a 60 s stall
+    with ``ManagerLost: ... did not answer the heartbeat ping`` (multi audit, finding
+    3). Scaled down: a default heartbeat of 1 s (before, a cut at about 1.5 s)."""
+    import transport.ws
+
+    monkeypatch.setattr(transport.ws, "DEFAULT_HEARTBEAT", 1.0)
+    address, mgr = manager
+    mark, gate = tmp_path / "started", tmp_path / "gate"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address, manager_timeout=30) as patient:
+            await patient.wait_for_workers(1)
+            running = patient.submit(held_at_gate, str(gate), str(mark))
+            await wait_until(mark.exists, "the task to start", limit=30)
+            mgr.send_signal(signal.SIGSTOP)
+            try:
+                await anyio.sleep(6)  # the stall's length is the stimulus
+            finally:
+                mgr.send_signal(signal.SIGCONT)
+            gate.touch()
+            assert await running == "opened"
+
+
 def test_manager_timeout_is_a_number_of_seconds_for_a_client_of_a_manager() -> None:
     for bad in (0, -1, float("inf"), True, "10"):
         with pytest.raises(ValueError, match="manager_timeout must be a number of seconds"):
