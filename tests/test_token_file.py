@@ -507,6 +507,33 @@ async def test_a_worker_with_connect_retry_waits_for_a_manager_whose_token_file_
 
 
 @pytest.mark.anyio
+async def test_a_worker_try_that_takes_its_whole_connect_timeout_is_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A manager that takes the TCP connection and answers nothing (stalled, or a
+    network that drops its packets): each try to reach it lasts its connect timeout. The
+    first such failed try is logged at warning, not at info as the quick first tries of
+    a manager not listening are, so a worker waiting out a stall shows its progress at
+    the default log level (multi audit, finding 4: 45 s of a 60 s stall said nothing)."""
+    import socket
+
+    with socket.socket() as mute, Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)  # never accepted: the kernel completes the TCP handshake only
+        cli.env["CORRAL_CONNECT_TIMEOUT"] = "1.5"
+        cli.env["CORRAL_TOKEN"] = "t" * 64
+        address = f"ws://127.0.0.1:{mute.getsockname()[1]}"
+        worker = cli.start("worker", address, "--connect-retry", "30")
+        line = await run(cli.line_with, worker, "could not reach the manager; retrying")
+    assert "no websocket connection within 1.5 s" in line, line
+    assert "level='warning'" in line, line
+    # the first try's line (of a 30 s window, 1.5 s gone), not the fifth's, whose backoff
+    # (0.05 s doubling) reached a second after five tries of 1.5 s
+    left = float(line.split("left=", 1)[1].split()[0])
+    assert left > 30 - 2 * 1.5, line
+
+
+@pytest.mark.anyio
 async def test_a_python_client_with_no_token_file_is_told_of_token_not_the_cli_flag(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
