@@ -87,6 +87,7 @@ from runtime.messages import (
     StatusRequest,
     StoryRequest,
     UndrainRequest,
+    UnfitRequest,
     UpcomingRequest,
     WorkerGone,
     WorkersStopping,
@@ -693,9 +694,12 @@ class Autoscaler(Actor):
         spent = frozenset(str(w) for w in status.get("spent_draining") or ())
         retired = frozenset(str(w) for w in status.get("retired") or ())
         upcoming = await self._upcoming()
+        # the ready tasks no block of a pool could run (too large for its workers): no
+        # demand for it (None: no answer; then every ready task counts, as before)
+        unfit = await self._read(UnfitRequest()) if status["queues"] else None
         return QueuesSeen(
             now, status["queues"], processing, draining, upcoming, leaving, walltime, spent,
-            retired,
+            retired, unfit if isinstance(unfit, dict) else {},
         )  # fmt: skip
 
     async def _upcoming(self) -> dict[str, list[float]] | None:

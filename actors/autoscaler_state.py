@@ -447,6 +447,10 @@ class QueuesSeen(Event):
     #: tries: their block still counts against max_blocks while a task runs there
     spent: frozenset[str] = frozenset()
     retired: frozenset[str] = frozenset()  #: of those, the ones told to stop
+    #: per configured pool, the ready tasks of ``queued`` it may run that ask for more
+    #: cores or memory than its workers have (``UnfitRequest``): its blocks could never
+    #: run them, so they are no demand for it
+    unfit: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -802,6 +806,9 @@ class AutoscalerState:
         self.policy_failing: dict[str, str] = {}
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
+        #: per pool, the ready tasks of ``queued`` its blocks could never run
+        #: (:attr:`QueuesSeen.unfit`): no demand for it
+        self.unfit: Mapping[str, int] = {}
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
         #: workers the latest count showed going for good (retired, leaving on their
         #: own, drained for their walltime or tasks_per_worker): never taken back
@@ -1244,6 +1251,7 @@ class AutoscalerState:
 
     def _queues_seen(self, ev: QueuesSeen) -> None:
         self.queued = dict(ev.queued)
+        self.unfit = dict(ev.unfit)
         self.going = ev.retired | ev.leaving | ev.walltime | ev.spent
         self.upcoming = {p: tuple(ts) for p, ts in (ev.upcoming or {}).items()}
         if ev.draining:
@@ -1493,12 +1501,14 @@ class AutoscalerState:
 
     def ready_for(self, pool: str) -> int | None:
         """Ready tasks ``pool`` may run: its own and, unless it runs only those
-        (``any_pool_tasks = false``), those of no pool; None until the scheduler's
-        counts were seen."""
+        (``any_pool_tasks = false``), those of no pool, less those its workers could
+        never run (:attr:`QueuesSeen.unfit`: they ask for more cores or memory than its
+        configuration gives them); None until the scheduler's counts were seen."""
         if self.queued is None:
             return None
         own = self.queued.get(pool, 0)
-        return own + self.queued.get(ANY_POOL, 0) if self._runs_any(pool) else own
+        ready = own + self.queued.get(ANY_POOL, 0) if self._runs_any(pool) else own
+        return max(ready - self.unfit.get(pool, 0), 0)
 
     def active(self, pool: str) -> int | None:
         """Tasks ``pool`` may run that are ready (:meth:`ready_for`) or in the hands of

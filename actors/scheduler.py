@@ -176,6 +176,7 @@ from runtime.messages import (
     TasksStarted,
     TryRecord,
     UndrainRequest,
+    UnfitRequest,
     UpcomingRequest,
     WaitForWorkersRequest,
     WorkerArrived,
@@ -1306,6 +1307,12 @@ class Scheduler(Actor):
         """The next wave per pool, for the autoscaler's lookahead (from the core's wave
         sets: a bounded look at them, never a scan of every task)."""
         return self.state.upcoming(self.clock.now(), max(int(msg.most), 0))
+
+    @handles(UnfitRequest)
+    def unfit(self, msg: UnfitRequest) -> dict[str, int]:
+        """Per configured pool, the ready tasks its workers could never run, for the
+        autoscaler's demand (from the core's counters)."""
+        return self.state.unfit_by_pool()
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:

@@ -158,6 +158,11 @@ class SchedulerConfig:
     #: (``memory_per_worker``; an embedded cluster's one pool): a task killed for
     #: memory waits for a worker with a larger limit while such a pool may start one
     pool_memory: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: per configured pool, the cores of each of its workers (``cores_per_worker``; an
+    #: embedded cluster's one pool): a ready task asking for more cores (or memory, by
+    #: ``pool_memory``) than a pool's workers have is no demand for that pool
+    #: (:meth:`~actors.scheduler_state.SchedulerState.unfit_by_pool`)
+    pool_cores: Mapping[str, float] = dataclasses.field(default_factory=dict)
     #: retries of one task the retry policy may make beyond its ``retries=`` budget
     #: (free, or charged to a budget spent already); past it the task fails with
     #: RetryPolicyLoop. The default retry policy's limits stay far below it

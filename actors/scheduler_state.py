@@ -866,6 +866,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.created = 0
         self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
+        #: per configured pool, the ready tasks it may run (its own; of no pool too,
+        #: unless it is reserved) that ask for more cores or memory than its configuration
+        #: gives each of its workers (:meth:`unfit_pools`): no demand for its blocks
+        self.unfit_counts: Counter[str] = Counter()
         #: tasks known (not forgotten) per pool ("*": any pool): a pool with none, no
         #: worker and no configuration leaves the metrics (:meth:`pool_metrics`)
         self.pool_tasks: Counter[str] = Counter()
@@ -1424,6 +1428,29 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def queued_by_pool(self) -> dict[str, int]:
         """Ready tasks per pool (``"*"``: tasks any pool may run), from counters."""
         return {pool: n for pool, n in self.queued_counts.items() if n}
+
+    def unfit_pools(self, pool: str | None, resources: Mapping[str, float]) -> list[str]:
+        """The configured pools a task of ``pool`` asking for ``resources`` may run in
+        (its own; for a task of no pool, every pool but a reserved one) whose workers,
+        as configured (``SchedulerConfig.pool_cores``, ``pool_memory``), all have fewer
+        cores or less memory than it asks: blocks of them could never run it. A pool
+        whose workers' memory is not known (the machine's) is taken to have enough."""
+        if not resources:
+            return []
+        cfg = self.config
+        cores, memory = resources.get("cores", 0), resources.get("memory", 0)
+        return [
+            p
+            for p, has in cfg.pool_cores.items()
+            if runs_on(pool, p, cfg.reserved_pools)
+            and (cores > has or memory > cfg.pool_memory.get(p, memory))
+        ]
+
+    def unfit_by_pool(self) -> dict[str, int]:
+        """Per configured pool, the ready tasks it may run that none of its workers
+        could (:meth:`unfit_pools`), from counters: the autoscaler counts them out of
+        its demand, so no block is started or kept for them."""
+        return {pool: n for pool, n in self.unfit_counts.items() if n}
 
     def oldest_wait(self, pool: str, now: float) -> float:
         """Seconds the oldest ready task of ``pool`` has waited at ``now`` (0.0: none)."""
@@ -3021,6 +3048,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if queued:
             pool = pool_key(ts.spec.pool)
             self.queued_counts[pool] += queued
+            if ts.spec.resources and (unfit := self.unfit_pools(ts.spec.pool, ts.spec.resources)):
+                for p in unfit:
+                    self.unfit_counts[p] += queued
+                if queued > 0 and not ts.wait_said:
+                    self._tell_resources_wait(ts)  # (no block comes for it: say so now)
             pw = self.pool_waits.get(pool)
             if pw is None:
                 pw = self.pool_waits[pool] = PoolWaits()
@@ -4910,12 +4942,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _tell_resources_wait(self, ts: TaskState) -> None:
         """Say in ``ts``'s story, once, that no worker of its pool that takes tasks
         (not draining) has the cores or memory it asks for (a bigger one may join: it
-        waits, and the queue-time alert fires if none does). Nothing when one has them
-        (it is busy) or none has joined. Reads ``largest`` and ``largest_cores``."""
+        waits, and the queue-time alert fires if none does), and when no configured
+        pool it may run in has workers with enough, that no block is started for it
+        (:meth:`_no_block_for`). Nothing when one has them (it is busy), or when none
+        has joined and a configured pool's blocks could run it. Reads ``largest`` and
+        ``largest_cores``."""
         pool, res = ts.spec.pool, ts.spec.resources
         most_memory = self.largest.get(pool)
-        if most_memory is None:
-            return  # no worker of its pool takes tasks
+        if most_memory is None:  # no worker of its pool takes tasks
+            if nowhere := self._no_block_for(ts):
+                ts.wait_said = why = f"waiting for a worker with enough: {nowhere}"
+                self._log(ts.key, "queued", why)
+            return
         most_cores = self.largest_cores[pool]
         short = []
         cores, memory = res.get("cores", 0), res.get("memory", 0)
@@ -4926,12 +4964,37 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             short.append((f"{int(memory):,} B of memory", f"{int(most_memory):,} B"))
         if short:
             where = "worker" if pool is None else f"worker of pool {pool!r}"
+            nowhere = self._no_block_for(ts)
             ts.wait_said = why = (
                 f"waiting for a worker with {' and '.join(a for a, _ in short)}: every "
                 f"{where} has less (at most {' and '.join(b for _, b in short)}); it runs "
-                "once one with enough joins"
+                "once one with enough joins" + (f"; {nowhere}" if nowhere else "")
             )
             self._log(ts.key, "queued", why)
+
+    def _no_block_for(self, ts: TaskState) -> str:
+        """Why no block is started for ``ts`` when every configured pool it may run in
+        has workers with fewer cores or less memory than it asks (:meth:`unfit_pools`:
+        the autoscaler counts it out of their demand), with what to do; "" when one of
+        them could run it, or none is configured."""
+        cfg, pool, res = self.config, ts.spec.pool, ts.spec.resources
+        could = [p for p in cfg.pool_cores if runs_on(pool, p, cfg.reserved_pools)]
+        unfit = self.unfit_pools(pool, res)
+        if not could or len(unfit) < len(could):
+            return ""
+        parts = []
+        for p in unfit:  # what each has of what ``ts`` asks for
+            cores, memory = cfg.pool_cores[p], cfg.pool_memory.get(p)
+            has = [f"{cores:g} core{'s' if cores != 1 else ''}"] if "cores" in res else []
+            if "memory" in res and memory is not None:
+                has.append(f"{memory:,} B of memory")
+            parts.append(f"{p!r}: {' and '.join(has)}")
+        return (
+            f"no configured pool it may run in has workers with enough ({'; '.join(parts)}), so no "
+            "block is started or kept for it; give it a pool whose workers have enough "
+            "(pool=), raise that pool's cores_per_worker or memory_per_worker, or start a "
+            "worker with enough by hand"
+        )
 
     def _candidates(self, ts: TaskState) -> list[WorkerState]:
         pool = ts.spec.pool
@@ -5701,6 +5764,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if queued and old != new:
                 self.queued_counts[old] -= 1
                 self.queued_counts[new] += 1
+                for unfit in self.unfit_pools(spec.pool, spec.resources):
+                    self.unfit_counts[unfit] -= 1
+                for unfit in self.unfit_pools(pool, spec.resources):
+                    self.unfit_counts[unfit] += 1
                 was = self.pool_waits.get(old)
                 if was is not None:
                     was.since.pop(ts, None)
@@ -6251,6 +6318,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             pool_key(ts.spec.pool) for ts in self.tasks.values() if ts.state == "queued"
         )
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
+        unfit = Counter(
+            p
+            for ts in self.tasks.values()
+            if ts.state == "queued"
+            for p in self.unfit_pools(ts.spec.pool, ts.spec.resources)
+        )
+        assert self.unfit_by_pool() == dict(unfit), ("unfit counters", self.unfit_counts, unfit)
         for pool, pw in self.pool_waits.items():  # oldest first (``oldest_wait``)
             times = list(pw.since.values())
             assert times == sorted(times), ("ready since, oldest first", pool, times)

@@ -985,6 +985,15 @@ class UpcomingRequest(Message):
     most: int = 1024
 
 
+@message(local=True)
+class UnfitRequest(Message):
+    """Autoscaler -> scheduler, in the manager's process: reply with, per configured
+    pool, the ready tasks it may run (its own; of no pool too, unless it is reserved)
+    that ask for more cores or memory than its configuration gives each of its workers
+    (``SchedulerState.unfit_by_pool``): its blocks could never run them, so they are no
+    demand for it."""
+
+
 @message()
 class PoolMetrics(Message):
     """One pool, from the scheduler's counters: ready tasks (``queue_depth``), how long

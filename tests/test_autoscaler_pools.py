@@ -202,6 +202,32 @@ def test_active_tasks_count_any_pool_and_only_this_pools_workers() -> None:
     assert s.active("p") == 6
 
 
+def test_ready_tasks_a_pools_workers_could_never_run_are_no_demand_for_it() -> None:
+    # A task of no pool asking for more cores than p's workers have (the scheduler's
+    # unfit count, UnfitRequest): no block is asked for it, and an idle block is
+    # drained at its max_idletime as if the task were not there; q's workers are
+    # large enough: it is q's demand.
+    s = make()
+    run(
+        s,
+        TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=1, slots_per_block=1)),
+        TargetSet(0.0, "q", 0, SPEC, limits(init_blocks=0, slots_per_block=1)),
+    )
+    assert start(s, 0.5) == ["block-1"]
+    unfit = QueuesSeen(1.0, {"*": 1}, {"w-1": 0}, unfit={"p": 1})
+    assert run(s, unfit) == [StartBlock(2, "q", SPEC)]
+    assert (s.ready_for("p"), s.active("p"), s.ready_for("q")) == (0, 0, 1)
+    assert run(s, dataclasses.replace(unfit, now=60.9)) == []
+    assert run(s, dataclasses.replace(unfit, now=61.0)) == [DrainWorker("w-1", "block-1")]
+    # Without the unfit count (before this fix, or no answer): it was p's demand.
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=0, slots_per_block=1)))
+    assert run(s, QueuesSeen(1.0, {"*": 1}, {})) == [StartBlock(1, "p", SPEC)]
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=0, slots_per_block=1)))
+    assert run(s, QueuesSeen(1.0, {"*": 1}, {}, unfit={"p": 1})) == []
+
+
 def test_scale_sets_a_floor_within_the_limits() -> None:
     s = make()
     run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=1)))

@@ -623,3 +623,48 @@ def test_a_manager_process_warns_of_a_task_of_no_pool_no_worker_could_run(
                     assert log.lines == before
 
         anyio.run(main)
+
+
+def test_a_task_no_pools_workers_could_run_keeps_no_block_past_its_idle_time(
+    tmp_path: Path,
+) -> None:
+    """Before, a task of no pool asking for 4 cores on a manager whose one pool has
+    ``cores_per_worker = 1`` counted as that pool's demand: its idle block was kept
+    past ``max_idletime`` for ever (and with none running, one was asked for) for work
+    it could never run. Now the scheduler counts such tasks per pool
+    (``UnfitRequest``), the autoscaler leaves them out of the pool's demand, the block
+    is scaled in at its idle time, and the task's story says why no block comes."""
+    from runtime.cli_processes import Cli
+
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        "[pools.cpu]\ninit_blocks = 1\nmax_blocks = 2\ncores_per_worker = 1\nmax_idletime = 1\n"
+    )
+    with Cli(tmp_path / "home") as cli:
+        port = free_port_between(60500, 60749)
+        proc = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config", str(config)
+        )
+        address = cli.line_with(proc, "manager listening on").split("listening on", 1)[1].strip()
+
+        async def main() -> None:
+            with anyio.fail_after(60):
+                async with Cluster(address) as cluster:
+                    await cluster.wait_for_workers(1)
+                    (fut,) = await cluster.submit_graph(
+                        {"big": (operator.neg, 1)}, ["big"], resources={"cores": 4}
+                    )
+
+                    async def no_block() -> bool:
+                        return not (await cluster.status())["autoscaler"]["blocks"]
+
+                    await wait_until(no_block, "cpu's idle block scaled in", step=0.2)
+                    status = await cluster.status()
+                    assert status["queues"] == {"*": 1}
+                    assert status["autoscaler"]["desired"] == {"cpu": 0}
+                    (story,) = [r[2] for r in await cluster.story("big") if "no block" in r[2]]
+                    assert "no configured pool it may run in has workers with enough " in story
+                    assert "('cpu': 1 core), so no block is started or kept for it" in story
+                    fut.cancel()
+
+        anyio.run(main)

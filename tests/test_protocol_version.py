@@ -271,6 +271,9 @@ CATALOGUES = {
     # WorkerArrived, the scheduler's own word to the alert monitor in its process that
     # a worker joined (evaluate now): it never crosses
     "de0bd122b6e3511e8c218463839c2a3631bbc41e05c0577055ad361a51eb45d8": 3,
+    # UnfitRequest, the autoscaler's own question to the scheduler in its process (the
+    # ready tasks a pool's workers could never run): it never crosses
+    "55b903647acc5500ea12a5d1cf49f0b1a847d6a9efa8e3e3aafb68f3aab50d35": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from actors.protocol import FileFact, TaskResult
-from actors.scheduler_events import Execute, KeyDone, TasksFinished
+from actors.scheduler_events import Execute, KeyDone, TasksFinished, TasksMoved
 from actors.scheduler_records import TaskStateView
 from tests.helpers import (
     GB,
@@ -23,6 +23,7 @@ from tests.helpers import (
     Factory,
     assigned,
     by_order,
+    event,
     facts,
     finish,
     finish_all,
@@ -31,6 +32,7 @@ from tests.helpers import (
     make_state,
     of,
     on,
+    run,
     states,
     submit,
     worker_of,
@@ -195,6 +197,44 @@ def test_a_task_no_worker_has_the_resources_for_says_so_in_its_story_once(
     assert len(why("big")) == 1  # told once
     cmds = join(s, "huge", cores=8, memory=16 * GB)
     assert "big" in assigned(cmds)["huge"]
+
+
+def test_ready_tasks_no_configured_pools_workers_could_run_are_counted_and_told(
+    make_state: Factory,
+) -> None:
+    """Per configured pool, the ready tasks it may run that ask for more cores or memory
+    than its configuration gives its workers (``unfit_by_pool``: no demand for its
+    blocks, the autoscaler's ``UnfitRequest``); the counters follow moves and starts
+    (``validate`` recounts them). A task no configured pool could run says so in its
+    story, with no worker joined yet."""
+    s = make_state(pools=("cpu", "big"), pool_cores={"cpu": 1, "big": 8}, pool_memory={"cpu": GB})
+    submit(
+        s,
+        {"wide": [], "huge": [], "fat": [], "small": []},
+        ["wide", "huge", "fat", "small"],
+        attrs={"wide": {"resources": {"cores": 4}}, "huge": {"resources": {"cores": 16}},
+               "fat": {"resources": {"memory": 2 * GB}, "pool": "cpu"},
+               "small": {"resources": {"cores": 1}}},
+    )  # fmt: skip
+    assert states(s) == dict.fromkeys(["wide", "huge", "fat", "small"], "queued")
+    assert s.unfit_by_pool() == {"cpu": 3, "big": 1}  # wide, huge, fat; huge
+
+    def why(key: str) -> list[str]:
+        return [e[2] for e in s.story_log if e[0] == key and e[2].startswith("waiting")]
+
+    assert why("wide") == why("small") == []  # a block of 'big' can run it
+    assert why("huge") == [
+        "waiting for a worker with enough: no configured pool it may run in has workers "
+        "with enough ('cpu': 1 core; 'big': 8 cores), so no block is started or kept for "
+        "it; give it a pool whose workers have enough (pool=), raise that pool's "
+        "cores_per_worker or memory_per_worker, or start a worker with enough by hand"
+    ]
+    assert len(why("fat")) == 1 and f"('cpu': {GB:,} B of memory)" in why("fat")[0]
+    run(s, event(TasksMoved, keys=("fat",), pool="big"))  # big's memory is not known
+    assert s.unfit_by_pool() == {"cpu": 2, "big": 1}
+    cmds = join(s, "hand", cores=16, memory=4 * GB, pool="big")  # a worker by hand
+    assert sorted(assigned(cmds)["hand"]) == ["fat", "huge", "small", "wide"]
+    assert s.unfit_by_pool() == {}
 
 
 def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
