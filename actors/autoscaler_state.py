@@ -1383,16 +1383,21 @@ class AutoscalerState:
 
     def _find_lost(self) -> None:
         """Stop and replace each running block every worker of which that joined has
-        left the scheduler's count for ``lost_grace`` seconds, though the provider says
+        left the scheduler's count for ``lost_grace`` seconds (a configured pool's
+        own, its ``lost_grace`` key: :attr:`PoolLimits.lost_grace`), though the provider says
         it runs and the scheduler never drained one of it (a drain, a walltime, a
         preemption notice or ``tasks_per_worker`` ends a block on purpose, and its end
         is told), nor did each say it left so (:meth:`_left_on_purpose`, heard through
         :meth:`lost_candidates`): a worker stopped (SIGSTOP), hung or cut off, whose
         process would otherwise hold its place in ``max_blocks`` (and its machine) for
         ever."""
-        grace = self.config.lost_grace
         assert self.processing is not None
         for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
+            ps = self.pools.get(b.pool)  # a configured pool's own (its lost_grace key)
+            grace = (
+                ps.limits.lost_grace if ps is not None and ps.limits is not None
+                else self.config.lost_grace
+            )  # fmt: skip
             known = [w for w in b.workers if w in self.processing]
             b.joined.update(known)
             for w in known:

@@ -36,7 +36,13 @@ from typing import Any
 
 from actors.memory import MemoryConfig, limit_too_small
 from actors.providers import DISK_OFF, BlockSpec
-from actors.slurm import SlurmOptions, parse_seconds, parse_walltime, scheduler_options_problem
+from actors.slurm import (
+    TIME_FORMS,
+    SlurmOptions,
+    parse_seconds,
+    parse_walltime,
+    scheduler_options_problem,
+)
 from policies import KINDS, PolicyRegistry
 from policies.scaling import PoolLimits
 from runtime.errors import (
@@ -95,6 +101,9 @@ COMMON_KEYS: Mapping[str, Any] = {
     "drain_period": None,
     "max_idletime": 120.0,
     "provisioning_timeout": None,
+    # seconds a running block whose workers all left without a word goes on before it
+    # is stopped and replaced as lost ("off": never)
+    "lost_grace": 60.0,
     "spare_blocks": 0,
     "tasks_per_worker": None,  # no limit: a worker takes tasks until it is drained
     "fallback": None,
@@ -193,6 +202,10 @@ class PoolConfig:
     #: seconds a block may take from its request to running before it is replaced
     #: (None: it counts as capacity until it runs)
     provisioning_timeout: float | None = None
+    #: seconds a running block may go on once every worker of it that joined has left
+    #: without a word (stopped, hung, cut off) before it is stopped and replaced as
+    #: lost (None: never, ``"off"``)
+    lost_grace: float | None = 60.0
     #: tasks each worker runs (tries sent to it) before it is drained and its block
     #: ends (None: no limit)
     tasks_per_worker: int | None = None
@@ -276,6 +289,7 @@ class PoolConfig:
             slots_per_block=self.workers_per_block * self.cores_per_worker,
             max_idletime=self.max_idletime,
             provisioning_timeout=self.provisioning_timeout,
+            lost_grace=self.lost_grace,
             spare_blocks=self.spare_blocks,
             any_pool_tasks=self.any_pool_tasks,
         )
@@ -651,9 +665,9 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         )
     seconds: dict[str, float | None] = {}
     for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout",
-                "provision_delay", "grace"):  # fmt: skip
+                "provision_delay", "grace", "lost_grace"):  # fmt: skip
         value = raw.get(key, {**COMMON_KEYS, **LOCAL_KEYS}[key])
-        if value is None:
+        if value is None or (key == "lost_grace" and value == "off"):
             seconds[key] = None
             continue
         try:
@@ -665,11 +679,21 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
                 raise PoolConfigError(
                     name, key, f"must be >= 0 (seconds, or a Slurm time), got {value!r}"
                 ) from None
+            if key == "lost_grace":
+                raise PoolConfigError(
+                    name, key, f'must be "off" (never) or {TIME_FORMS}, got {value!r}'
+                ) from None
             raise PoolConfigError(name, key, str(exc)) from None
     if seconds["provisioning_timeout"] == 0:
         raise PoolConfigError(
             name, "provisioning_timeout",
             "must be more than 0 (leave it out: a block not running yet counts until it runs)",
+        )  # fmt: skip
+    if seconds["lost_grace"] == 0:
+        raise PoolConfigError(
+            name, "lost_grace",
+            "must be more than 0 (seconds, or a Slurm time; \"off\": a block whose workers "
+            "all left without a word is never stopped and replaced)",
         )  # fmt: skip
     walltime, drain = seconds["walltime"], seconds["drain_period"]
     if drain is not None and walltime is not None and drain >= walltime:
@@ -723,6 +747,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         drain_period=drain,
         max_idletime=seconds["max_idletime"] or 0.0,
         provisioning_timeout=seconds["provisioning_timeout"],
+        lost_grace=seconds["lost_grace"],
         spare_blocks=spare,
         tasks_per_worker=_task_limit(name, raw.get("tasks_per_worker")),
         fallback=fallback,

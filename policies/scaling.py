@@ -46,6 +46,10 @@ class PoolLimits:
     #: seconds from a block's request after which a block not running yet stops
     #: counting as capacity and is replaced (None: a pending block counts until it runs)
     provisioning_timeout: float | None = None
+    #: seconds a running block may go on once every worker of it that joined has left
+    #: the scheduler without a word, before it is stopped and replaced as lost (the
+    #: autoscaler core's ``lost_grace``, per pool; None: never)
+    lost_grace: float | None = 60.0
     #: its blocks run tasks of no pool (``pool=`` not given) too, so they count in its
     #: active tasks; False (the pool's ``any_pool_tasks = false``): only its own do
     any_pool_tasks: bool = True
@@ -67,6 +71,8 @@ class PoolLimits:
                 f"spare_blocks must be from 0 to max_blocks ({self.max_blocks}), "
                 f"got {self.spare_blocks}"
             )
+        if self.lost_grace is not None and not self.lost_grace > 0:
+            raise ValueError(f"lost_grace must be > 0 (None: never), got {self.lost_grace}")
         if self.provisioning_timeout is not None and not self.provisioning_timeout > 0:
             raise ValueError(
                 f"provisioning_timeout must be > 0 (None: off), got {self.provisioning_timeout}"

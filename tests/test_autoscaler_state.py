@@ -962,6 +962,26 @@ def test_no_lost_blocks_with_lost_grace_none() -> None:
     assert run(s, QueuesSeen(1000.0, {}, {})) == []
 
 
+def test_a_configured_pools_lost_grace_is_its_own() -> None:
+    """A pool's ``lost_grace`` key (``PoolLimits.lost_grace``) sets how long its
+    running block may go on once its workers all left without a word; None (``"off"``)
+    never stops it. A pool without limits keeps the core's (60 s)."""
+
+    def lost_at(grace: float | None, at: float) -> list[Any]:
+        s = make()
+        run(s, TargetSet(0.0, "p", 1, SPEC, PoolLimits(1, 1, 1, lost_grace=grace)))
+        run(s, BlockStarted(0.1, 1, "block-1", ("w-1",)))
+        run(s, QueuesSeen(1.0, {}, {"w-1": 1}))
+        run(s, QueuesSeen(2.0, {}, {}))  # lost to the scheduler from 2 s
+        return only(run(s, QueuesSeen(at, {}, {})), BlockLost)
+
+    assert lost_at(5.0, 6.9) == []
+    assert lost_at(5.0, 7.0) == [BlockLost("block-1", "p", ("w-1",), 5.0)]
+    assert lost_at(300.0, 62.0) == []  # not the core's 60 s
+    assert lost_at(None, 100_000.0) == []
+    assert lost_at(60.0, 62.0) == [BlockLost("block-1", "p", ("w-1",), 60.0)]
+
+
 # ----------------------------------------------------------------------------- shutdown
 
 

@@ -129,6 +129,23 @@ def test_provisioning_timeout_is_off_by_default_and_reaches_the_limits() -> None
     assert pools["hpc"].limits().provisioning_timeout is None
 
 
+def test_lost_grace_is_a_pool_key_that_reaches_the_limits(tmp_path: Path) -> None:
+    # Before, the autoscaler's lost_grace (60 s) could not be set from a configuration.
+    assert PoolConfig("a").limits().lost_grace == 60.0
+    pools = pools_from_dicts(
+        {"hpc": {"lost_grace": "05:00"}, "cloud": {"lost_grace": 20}, "own": {"lost_grace": "off"},
+         "plain": {}}
+    )  # fmt: skip
+    grace = {name: p.limits().lost_grace for name, p in pools.items()}
+    assert grace == {"hpc": 300.0, "cloud": 20.0, "own": None, "plain": 60.0}
+    path = tmp_path / "corral.toml"
+    path.write_text("[pools.hpc]\nlost_grace = 0\n")
+    with pytest.raises(PoolConfigError) as info:
+        load_config(path)
+    assert (info.value.pool, info.value.key) == ("hpc", "lost_grace")
+    assert "must be more than 0" in str(info.value) and '"off"' in str(info.value)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
@@ -176,6 +193,10 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
         ({"max_idletime": -3}, "max_idletime", "seconds"),
         ({"provisioning_timeout": 0}, "provisioning_timeout", "more than 0"),
         ({"provisioning_timeout": "10m"}, "provisioning_timeout", "'HH:MM:SS'"),
+        ({"lost_grace": 0}, "lost_grace", "more than 0"),
+        ({"lost_grace": -5}, "lost_grace", "must be >= 0"),
+        ({"lost_grace": "1m"}, "lost_grace", "'HH:MM:SS'"),
+        ({"lost_grace": "never"}, "lost_grace", 'must be "off" (never) or seconds'),
         ({"drain_period": 600, "walltime": "00:05:00"}, "drain_period", "shorter than walltime"),
         ({"fallback": 3}, "fallback", "must be a string"),
         ({"partition": "ckpt"}, "partition", "only for provider 'slurm'"),
