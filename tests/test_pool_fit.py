@@ -584,6 +584,18 @@ def test_the_scheduler_says_whether_a_connected_worker_has_enough(make_state: Fa
     assert state.short_workers((("cores", 4.0), ("memory", 1e12))) == ""
 
 
+def start_manager(cli: Any, tmp_path: Path, pools: str, ports: tuple[int, int]) -> str:
+    """A manager process with the configuration ``pools`` (TOML), listening on a free
+    port of ``ports``: its address."""
+    config = tmp_path / "corral.toml"
+    config.write_text(pools)
+    port = free_port_between(*ports)
+    proc = cli.start(
+        "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config", str(config)
+    )
+    return cli.line_with(proc, "manager listening on").split("listening on", 1)[1].strip()
+
+
 def test_a_manager_process_warns_of_a_task_of_no_pool_no_worker_could_run(
     tmp_path: Path,
 ) -> None:
@@ -593,14 +605,9 @@ def test_a_manager_process_warns_of_a_task_of_no_pool_no_worker_could_run(
     at submit; once a worker with enough joined by hand, nothing is said and it runs."""
     from runtime.cli_processes import Cli
 
-    config = tmp_path / "corral.toml"
-    config.write_text("[pools.cpu]\ninit_blocks = 0\ncores_per_worker = 1\n")
     with Cli(tmp_path / "home") as cli:
-        port = free_port_between(61000, 61249)
-        proc = cli.start(
-            "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config", str(config)
-        )
-        address = cli.line_with(proc, "manager listening on").split("listening on", 1)[1].strip()
+        pools = "[pools.cpu]\ninit_blocks = 0\ncores_per_worker = 1\n"
+        address = start_manager(cli, tmp_path, pools, (61000, 61249))
 
         async def main() -> None:
             with anyio.fail_after(30), log_lines("corral.client", logging.WARNING) as log:
@@ -636,16 +643,9 @@ def test_a_task_no_pools_workers_could_run_keeps_no_block_past_its_idle_time(
     is scaled in at its idle time, and the task's story says why no block comes."""
     from runtime.cli_processes import Cli
 
-    config = tmp_path / "corral.toml"
-    config.write_text(
-        "[pools.cpu]\ninit_blocks = 1\nmax_blocks = 2\ncores_per_worker = 1\nmax_idletime = 1\n"
-    )
+    pools = "[pools.cpu]\ninit_blocks = 1\nmax_blocks = 2\ncores_per_worker = 1\nmax_idletime = 1\n"
     with Cli(tmp_path / "home") as cli:
-        port = free_port_between(60500, 60749)
-        proc = cli.start(
-            "manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--config", str(config)
-        )
-        address = cli.line_with(proc, "manager listening on").split("listening on", 1)[1].strip()
+        address = start_manager(cli, tmp_path, pools, (60500, 60749))
 
         async def main() -> None:
             with anyio.fail_after(60):
