@@ -440,6 +440,7 @@ class TaskState:
         "consumers",
         "contained_crashes",
         "copy_said",
+        "deferred_by",
         "delivered",
         "dependents",
         "deps",
@@ -454,6 +455,7 @@ class TaskState:
         "held_until",
         "in_files",
         "in_nbytes",
+        "kept_on",
         "key",
         "lost_since_saved",
         "lost_tries",
@@ -530,6 +532,13 @@ class TaskState:
         #: why no speculative copy of its running try was made, as last told in its
         #: story (each reason once per try; "" when none was told)
         self.copy_said = ""
+        #: the throttled workers it was taken back from while deferred there (its
+        #: expected output fitting under none of their fences): it is taken back only
+        #: to a free worker not among them, so never bounced between two for ever
+        self.deferred_by: tuple[str, ...] = ()
+        #: the worker where its story last told it is kept deferred, not taken back
+        #: again (each such wait told once per worker; "": none told)
+        self.kept_on = ""
         #: when it became ready for its running try (``TryRecord.queued``; None: a copy)
         self.queued: float | None = None
         self.attempt = 0  #: the number of its running try (``ToRun.attempt``)

@@ -4595,17 +4595,44 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         holding a client's 500 MB output with spilling off kept a producer deferred for
         ever, throttled, while its peer idled: no error, since the memory watchdog
         needs every worker of the pool throttled.) Not ``jammed``: the worker's
-        consumers are what frees its memory, and the throttle keeps producers away."""
-        free_in = Counter(w.pool for w in self.free.values() if not w.throttled)
+        consumers are what frees its memory, and the throttle keeps producers away.
+        Only while such a free worker did not defer it before (``deferred_by``): else it
+        stays, and its story says why (:meth:`_tell_kept_deferred`). (Spilling off, two
+        workers holding outputs and a producer fitting neither: it went from one to the
+        other every ``takeback_after`` for ever, each throttling in turn.)"""
+        free_in: dict[str, list[WorkerState]] = {}
+        for w in self.free.values():
+            if not w.throttled:
+                free_in.setdefault(w.pool, []).append(w)
         for wid in list(self.throttled):
             ws = self.workers.get(wid)
-            if ws is None or not free_in[ws.pool]:
+            if ws is None or ws.pool not in free_in:
                 continue
             stuck = [t for t in ws.waiting if t.producer and now - t.sent >= after]
             for ts in sorted(stuck, key=_prio_key):
+                if all(w.id in ts.deferred_by for w in free_in[ws.pool]):
+                    self._tell_kept_deferred(ts, ws)
+                    continue
+                ts.deferred_by = (*ts.deferred_by, ws.id)
                 self._log(ts.key, "processing", f"taken-back:{ws.id} (throttled)")
                 self._unassign(ts, cancel=True, cause="moved")
                 self._wait_or_queue(ts)
+
+    def _tell_kept_deferred(self, ts: TaskState, ws: WorkerState) -> None:
+        """Say in ``ts``'s story, once per worker, that it stays deferred on the
+        throttled ``ws``: every free worker of its pool deferred it before."""
+        if ts.kept_on == ws.id:
+            return
+        ts.kept_on = ws.id
+        self._log(
+            ts.key, "processing",
+            f"deferred on {ws.id} (throttled), not taken back again: every free worker of "
+            f"its pool deferred it before ({', '.join(ts.deferred_by)}), its expected "
+            "output fitting under none of their memory fences beside what they hold; it "
+            "waits for memory to fall there. To go on: release the results you no longer "
+            "need, turn spilling on, or give the workers more memory (memory_per_worker, "
+            "--memory)",
+        )  # fmt: skip
 
     @staticmethod
     def _fenced(ws: WorkerState) -> str:

@@ -220,3 +220,44 @@ def test_the_metrics_and_the_default_rule_for_a_try_stuck_on_its_worker() -> Non
     assert 'corral_task_longest_running_seconds{pool="p"} 9.5' in text
     rule = {r["name"]: r for r in DEFAULT_RULES}["CorralTaskStuckOnWorker"]
     assert rule["expr"] == "corral_worker_queue_oldest_seconds > 300"
+
+
+def test_a_producer_no_worker_has_room_for_is_not_bounced_between_them(
+    make_state: Factory,
+) -> None:
+    """Spilling off, two workers each holding outputs: a producer that fits neither is
+    deferred on w1 (throttled) and taken back to w2, which throttles in turn while w1,
+    its deferred producer gone, stops throttling. Before, it went back to w1 at the
+    next ``takeback_after``, and so on every 10 s for ever, with no error. A producer
+    is taken back from a throttled worker only while a free worker that is not
+    throttled never deferred it: at most once per worker; then it waits where it is,
+    and its story says why and what to do."""
+    s = make_state(
+        speculation="off", unknown_long=False, long_task=float("inf"), stall_timeout=1000.0
+    )
+    at(s, WorkerJoined, T0 - 1, worker="w1", cores=1, memory=2**30)
+    specs = specs_for(s, {"p-0": []}, ["p-0"])
+    assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("p-0",))) == [("w1", "p-0")]
+    at(s, WorkerJoined, T0 + 0.1, worker="w2", cores=1, memory=2**30)
+    memory = {"rss": 600 * 2**20, "throttle_at": 700 * 2**20, "limit": 2**30}
+    at(s, WorkerMemory, T0 + 0.5, worker="w1", throttled=True, **memory)
+    out = at(s, Tick, T0 + 11)
+    assert cancelled(out) == [("w1", "p-0")] and sent(out) == [("w2", "p-0")]
+    moves = 1
+    for i in range(1, 6):  # w2 defers it in turn; w1 has nothing deferred any more
+        t = T0 + 11 + 20 * i
+        at(s, WorkerMemory, t - 9, worker=s.tasks["p-0"].worker, throttled=True, **memory)
+        other = "w1" if s.tasks["p-0"].worker == "w2" else "w2"
+        at(s, WorkerMemory, t - 9, worker=other, throttled=False, **memory)
+        moves += len(cancelled(at(s, Tick, t)))
+    assert moves == 1  # before: 6, one every takeback_after
+    ts = s.tasks["p-0"]
+    assert ts.worker == "w2" and ts.state == "processing"
+    (why,) = [e[2] for e in s.story("p-0") if "not taken back" in e[2]]
+    assert why == (
+        "deferred on w2 (throttled), not taken back again: every free worker of its "
+        "pool deferred it before (w1), its expected output fitting under none of their "
+        "memory fences beside what they hold; it waits for memory to fall there. To go "
+        "on: release the results you no longer need, turn spilling on, or give the "
+        "workers more memory (memory_per_worker, --memory)"
+    )
