@@ -1446,6 +1446,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             and (cores > has or memory > cfg.pool_memory.get(p, memory))
         ]
 
+    def _no_pool_fits(self, pool: str | None, resources: Mapping[str, float]) -> bool:
+        """Some configured pool may run a task of ``pool`` asking for ``resources``, and
+        none of them has workers with enough (:meth:`unfit_pools`): no block of any
+        configured pool could run it."""
+        cfg = self.config
+        could = sum(1 for p in cfg.pool_cores if runs_on(pool, p, cfg.reserved_pools))
+        return bool(could) and len(self.unfit_pools(pool, resources)) == could
+
     def unfit_by_pool(self) -> dict[str, int]:
         """Per configured pool, the ready tasks it may run that none of its workers
         could (:meth:`unfit_pools`), from counters: the autoscaler counts them out of
@@ -3242,12 +3250,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         inputs in all: the answer is a hint for the autoscaler, whose pools are bounded
         anyway, asked every tick on the scheduler's loop. Tries on workers drained for
         their walltime that are not expected to end by it count too, due at that
-        deadline (:meth:`_walltime_cut`): their retries need a block then."""
+        deadline (:meth:`_walltime_cut`): their retries need a block then. A task no
+        configured pool's workers could run (:meth:`_no_pool_fits`) is left out."""
         out: dict[str, list[float]] = {}
         budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
             times = []
             for ts in itertools.islice(wave, most):
+                if ts.spec.resources and self._no_pool_fits(ts.spec.pool, ts.spec.resources):
+                    continue  # no block of a configured pool could run it: none is asked
                 budget -= len(ts.deps)
                 if budget < 0:
                     break
@@ -5005,10 +5016,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         the autoscaler counts it out of their demand), with what to do; "" when one of
         them could run it, or none is configured."""
         cfg, pool, res = self.config, ts.spec.pool, ts.spec.resources
-        could = [p for p in cfg.pool_cores if runs_on(pool, p, cfg.reserved_pools)]
-        unfit = self.unfit_pools(pool, res)
-        if not could or len(unfit) < len(could):
+        if not self._no_pool_fits(pool, res):
             return ""
+        unfit = self.unfit_pools(pool, res)
         parts = []
         for p in unfit:  # what each has of what ``ts`` asks for
             cores, memory = cfg.pool_cores[p], cfg.pool_memory.get(p)

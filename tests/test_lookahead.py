@@ -36,6 +36,21 @@ def wave(s: Any) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------------- scheduler
 
 
+def test_the_next_wave_leaves_out_a_task_no_configured_pool_could_run(
+    make_state: Factory,
+) -> None:
+    """A waiting task asking for more cores than every configured pool's workers have
+    is no demand for a block (``unfit_by_pool``) once ready, nor before: the lookahead
+    leaves it out, so no block is asked for it ahead of time either. One a pool could
+    run is looked ahead for as before."""
+    s = make_state(pools=("cpu", "big"), pool_cores={"cpu": 1, "big": 8}, unknown_duration=0.5)
+    table = {"in-0": [], "huge": ["in-0"], "wide": ["in-0"]}
+    attrs = {"huge": {"resources": {"cores": 16}}, "wide": {"resources": {"cores": 4}}}
+    submit(s, table, ["huge", "wide"], attrs=attrs)
+    assert sorted(wave(s)["*"]) == ["huge", "wide"]
+    assert s.upcoming(s._now) == {"*": [0.5]}  # wide's: huge fits no pool's workers
+
+
 def test_the_next_wave_is_the_waiting_tasks_whose_inputs_are_all_under_way(
     make_state: Factory,
 ) -> None:
