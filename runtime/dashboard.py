@@ -71,6 +71,11 @@ MAX_DEPTHS = 1000  #: and at most this many samples, whatever the interval
 #: manager under the usual 1024-file limit out of them (``accept``: Too many open
 #: files). Past it a page is refused with 503 until one closes.
 MAX_PAGES = 64
+#: a failure group's fields sent to the open pages only when they changed since the
+#: snapshot before (a new latest failure): its error and traceback, up to 8,000
+#: characters each, were most of every message while nothing failed (245 KB a second
+#: per page for 60 groups of deep tracebacks); the page keeps them
+GROUP_TEXTS = ("error", "traceback")
 
 
 def dashboard_url(address: str, token: str) -> str:
@@ -274,6 +279,9 @@ class DashboardFeed:
         #: the number of the latest try (``RecentTry.n``) the open pages were sent (None:
         #: none yet; the next snapshot goes whole)
         self._stream_upto: int | None = None
+        #: each failure group's GROUP_TEXTS as the open pages were last sent them (None:
+        #: none yet; the next snapshot goes whole)
+        self._texts_sent: dict[str, tuple[str, ...]] | None = None
         #: (time, total queue depth) of the last HISTORY seconds, oldest first
         self.depths: deque[tuple[float, int]] = deque(maxlen=MAX_DEPTHS)
         self._opened = anyio.Event()
@@ -309,6 +317,30 @@ class DashboardFeed:
             return snap
         return {**snap, "stream": [t for t in stream if t["n"] > upto], "stream_new": True}
 
+    def _new_texts_only(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """``snap`` as the open pages get it: after the first, a failure group whose
+        error and traceback (:data:`GROUP_TEXTS`) are those the previous snapshot had
+        comes without them, marked ``same``; the page takes them from the one before.
+        A page that opens gets them all (:meth:`_with_history`)."""
+
+        def texts(group: dict[str, Any]) -> tuple[str, ...]:
+            return tuple(group[f] for f in GROUP_TEXTS)
+
+        def name(group: dict[str, Any]) -> str:
+            return json.dumps([group["category"], group["cause"], group["outcome"]])
+
+        sent = self._texts_sent
+        self._texts_sent = {name(g): texts(g) for g in snap["failures"]}
+        if sent is None:
+            return snap
+        failures = [
+            {**{k: v for k, v in g.items() if k not in GROUP_TEXTS}, "same": True}
+            if sent.get(name(g)) == texts(g)
+            else g
+            for g in snap["failures"]
+        ]
+        return {**snap, "failures": failures}
+
     def _with_history(self, snap: dict[str, Any]) -> str:
         """A page's first snapshot: with the queue depth of the last HISTORY seconds."""
         history = [[at, depth] for at, depth in self.depths]
@@ -341,13 +373,15 @@ class DashboardFeed:
             if not self.pages:
                 self.latest = self._latest = None  # stale by the time a page opens
                 self._stream_upto = None
+                self._texts_sent = None
                 self._opened = anyio.Event()
                 await self._sample_depths()
             first: str | None = None
             fresh: set[web.WebSocketResponse] = set()
             try:
                 self._latest = snap = await self.snapshot()
-                text = json.dumps(self._new_tries_only(snap), separators=(",", ":"))
+                since = self._new_texts_only(self._new_tries_only(snap))
+                text = json.dumps(since, separators=(",", ":"))
             except Exception as exc:  # the manager is stopping or busy: say so, go on
                 self.errors += 1
                 self._latest = None
@@ -641,6 +675,15 @@ function addTries(s) {
   tries = (s.stream_new ? tries.concat(got) : got).slice(-MAX_STREAM);
   s.stream = tries.map(t => ({...t, ago: s.time - t.ended}));
 }
+let groupTexts = new Map();  // failure group -> its error and traceback
+function addTexts(s) {
+  // a group's error and traceback come when they change: "same", the ones it had before
+  const name = g => JSON.stringify([g.category, g.cause, g.outcome]);
+  for (const g of s.failures) {
+    if (g.same) Object.assign(g, groupTexts.get(name(g)) || {error: "", traceback: ""});
+  }
+  groupTexts = new Map(s.failures.map(g => [name(g), {error: g.error, traceback: g.traceback}]));
+}
 let depthHistory = [];  // [time, depth]: the feed's history, then the snapshots
 function addDepths(samples) {
   const seen = new Set(depthHistory.map(p => p[0]));
@@ -897,7 +940,7 @@ function render(s) {
     s.tasks_created + " tasks submitted" + (states ? " (" + states + ")" : "") + ", " +
     s.workers.length + " workers";
   document.getElementById("when").textContent = "updated " + when(s.time);
-  addTries(s);
+  addTries(s); addTexts(s);
   renderPools(s); renderCapacity(s); renderWorkers(s); renderStream(s);
   renderFailures(s); renderFree(s); renderAlerts(s); renderPolicies(s);
   document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);

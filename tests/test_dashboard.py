@@ -1117,6 +1117,124 @@ async def test_after_its_first_snapshot_a_page_gets_only_the_tries_new_since_the
                     await ws.close()
 
 
+def _failures(*groups: tuple[str, str, str]) -> MetricsReply:
+    """The metrics of :func:`_answers` with failure groups (category, its latest key,
+    its traceback) of cause ``KeyError``."""
+    metrics, _, _ = _answers()
+    return dataclasses.replace(metrics, failure_groups=tuple(
+        FailureGroupInfo(cat, "KeyError", 1, key, "w1", "error", 1.0, f"KeyError: {key}", tb)
+        for cat, key, tb in groups
+    ))  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_after_its_first_snapshot_a_page_gets_a_groups_traceback_only_when_it_changes() -> (
+    None
+):
+    """The scale audit: a failure group's error and traceback (up to 8,000 characters
+    each) went to every page every second, though nothing failed since: 60 groups of
+    deep tracebacks made each message 245 KB. After the first snapshot, a group whose
+    texts are those of the snapshot before comes without them (``same``); a group with
+    a new latest failure, or a new group, comes whole; a page that opens gets all."""
+    from runtime.dashboard import DashboardFeed, Sources
+
+    deep, other = "Traceback ...\n" + "  frame\n" * 1000, "Traceback ...\n  other\n"
+    answers = iter([
+        _failures(("etl0", "etl0-1", deep), ("etl1", "etl1-1", deep)),
+        _failures(("etl0", "etl0-1", deep), ("etl1", "etl1-1", deep)),  # nothing new
+        _failures(("etl0", "etl0-2", other), ("etl1", "etl1-1", deep), ("etl2", "etl2-1", deep)),
+    ])  # fmt: skip
+    _, status_reply, alerts_reply = _answers()
+    got = anyio.Event()
+
+    async def metrics() -> MetricsReply:
+        try:
+            return next(answers)
+        except StopIteration:
+            got.set()
+            await anyio.sleep_forever()
+            raise
+
+    async def status() -> StatusReply:
+        return status_reply
+
+    async def alerts() -> AlertsReply:
+        return alerts_reply
+
+    async def story(key: str) -> list[Any]:
+        return []
+
+    class Page:  # stands in for an open websocket
+        def __init__(self) -> None:
+            self.sent: list[dict[str, Any]] = []
+
+        async def send_str(self, text: str) -> None:
+            self.sent.append(json.loads(text))
+
+    page = Page()
+    feed = DashboardFeed(Sources(metrics, status, alerts, story), interval=0.01)
+    feed.pages.add(page)  # type: ignore[arg-type]
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(feed.run)
+            await got.wait()
+            tg.cancel_scope.cancel()
+    first, quiet, changed = ([(g["key"], g.get("traceback"), g.get("error"), g.get("same"))
+                              for g in snap["failures"]] for snap in page.sent)  # fmt: skip
+    assert first == [("etl0-1", deep, "KeyError: etl0-1", None),
+                     ("etl1-1", deep, "KeyError: etl1-1", None)]  # fmt: skip
+    assert quiet == [("etl0-1", None, None, True), ("etl1-1", None, None, True)]
+    assert changed == [("etl0-2", other, "KeyError: etl0-2", None),
+                       ("etl1-1", None, None, True),
+                       ("etl2-1", deep, "KeyError: etl2-1", None)]  # fmt: skip
+    assert len(json.dumps(page.sent[1])) < 4_000 < len(deep)
+    opened = json.loads(feed._with_history(feed._latest or {}))  # a page opening now
+    assert [g["traceback"] for g in opened["failures"]] == [other, deep, deep]
+
+
+def test_chromium_keeps_a_groups_traceback_from_the_snapshot_that_sent_it(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A group that comes without its error and traceback (``same``) shows those of
+    the snapshot before; one that comes with new ones shows them."""
+    port = free_port_between(*SOAK_PORTS)
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page = Dashboard(browser)
+        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+        _, status, alerts = _answers()
+
+        def snap(*groups: tuple[str, str, str], same: tuple[str, ...] = ()) -> dict[str, Any]:
+            got = build_snapshot(_failures(*groups), status, alerts, now=1000.0)
+            for g in got["failures"]:
+                if g["category"] in same:
+                    del g["error"], g["traceback"]
+                    g["same"] = True
+            return got
+
+        shown = browser.execute_script(
+            "return arguments[0].map(s => { render(s); return [...document."
+            "querySelectorAll('.failure')].map(g => [g.dataset.category, "
+            "g.querySelector('.err').textContent, g.querySelector('pre').textContent]); });",
+            [
+                snap(("etl0", "etl0-1", "tb one"), ("etl1", "etl1-1", "tb two")),
+                snap(
+                    ("etl0", "etl0-1", "tb one"),
+                    ("etl1", "etl1-1", "tb two"),
+                    same=("etl0", "etl1"),
+                ),
+                snap(("etl0", "etl0-2", "tb three"), ("etl1", "etl1-1", "tb two"), same=("etl1",)),
+            ],
+        )
+    assert shown == [
+        [["etl0", "KeyError: etl0-1", "tb one"], ["etl1", "KeyError: etl1-1", "tb two"]],
+        [["etl0", "KeyError: etl0-1", "tb one"], ["etl1", "KeyError: etl1-1", "tb two"]],
+        [["etl0", "KeyError: etl0-2", "tb three"], ["etl1", "KeyError: etl1-1", "tb two"]],
+    ]
+
+
 def test_chromium_keeps_the_tries_of_each_snapshot_for_a_minute(
     browser: Any, tmp_path: Path
 ) -> None:
