@@ -6,6 +6,7 @@ task's story), which saves a screenshot."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -1117,6 +1118,20 @@ async def test_after_its_first_snapshot_a_page_gets_only_the_tries_new_since_the
                     await ws.close()
 
 
+@contextlib.contextmanager
+def _page_of_a_manager(browser: Any, tmp_path: Path) -> Iterator[Dashboard]:
+    """The page of a manager of no worker, open in ``browser`` after its first snapshot
+    (its ``render`` is then fed snapshots of a test's own)."""
+    port = free_port_between(*SOAK_PORTS)
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page = Dashboard(browser)
+        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+        yield page
+
+
 def _failures(*groups: tuple[str, str, str]) -> MetricsReply:
     """The metrics of :func:`_answers` with failure groups (category, its latest key,
     its traceback) of cause ``KeyError``."""
@@ -1197,13 +1212,7 @@ def test_chromium_keeps_a_groups_traceback_from_the_snapshot_that_sent_it(
 ) -> None:
     """A group that comes without its error and traceback (``same``) shows those of
     the snapshot before; one that comes with new ones shows them."""
-    port = free_port_between(*SOAK_PORTS)
-    with Cli(tmp_path / "home") as cli:
-        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
-        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
-        browser.get(url)
-        page = Dashboard(browser)
-        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+    with _page_of_a_manager(browser, tmp_path):
         _, status, alerts = _answers()
 
         def snap(*groups: tuple[str, str, str], same: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -1241,13 +1250,7 @@ def test_chromium_keeps_the_tries_of_each_snapshot_for_a_minute(
     """The page keeps the stream's tries: those of a whole snapshot (a page's first),
     plus those new in each later one (``stream_new``), each drawn for 60 s from its end;
     a whole snapshot (after a reconnect) replaces them."""
-    port = free_port_between(*SOAK_PORTS)
-    with Cli(tmp_path / "home") as cli:
-        proc = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
-        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
-        browser.get(url)
-        page = Dashboard(browser)
-        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+    with _page_of_a_manager(browser, tmp_path):
         metrics, status, alerts = _answers()
 
         def snap(now: float, *tries: tuple[int, float], new: bool = True) -> dict[str, Any]:
