@@ -803,6 +803,21 @@ class _Run:
         #: waits per pool and category, the most first (at most
         #: MAX_FAILURE_GROUPS_SHOWN): (pool, category, waits, mean s, max s)
         self.waits: list[tuple[str, str, int, float, float]] = []
+        #: per client (``tasks.client``): (client, tasks, erred, hours of their
+        #: successful tries), the most hours first, at most MAX_FAILURE_GROUPS_SHOWN;
+        #: ``clients`` how many there are (0: a file of schema version 8 or older)
+        self.by_client: list[tuple[str, int, int, float]] = []
+        self.clients = 0
+        if "client" in _columns(conn, "tasks"):
+            where = f"FROM {tasks} WHERE run_id = ?{self._during(*_TASK_SPAN)}"
+            (self.clients,) = conn.execute(
+                f"SELECT COUNT(DISTINCT COALESCE(client, '')) {where}", rid
+            ).fetchone()
+            self.by_client = conn.execute(
+                "SELECT COALESCE(NULLIF(client, ''), '?') AS who, COUNT(*), "
+                f"CAST(TOTAL(state = 'erred') AS INTEGER), TOTAL(duration) {where} GROUP BY who "
+                "ORDER BY 4 DESC, 2 DESC, who LIMIT ?", (*rid, MAX_FAILURE_GROUPS_SHOWN),
+            ).fetchall()  # fmt: skip
         if "queued" in _columns(conn, "tries"):
             self.waits = conn.execute(
                 # the worker's pool from one of its lives: each try once (a worker that
@@ -1667,6 +1682,9 @@ def _summary_tables(run: _Run) -> list[_Table]:
         (("time in tries not ended ok: outcome", "what", "tries", "h executing"),
          [(o, w, n, _hours(ran)) for o, w, n, ran in run.time_lost], ""),
         (("tries lost with their worker, retried free: cause", "n"), run.free_lost, ""),
+        (("tasks per client" + _first_of(len(run.by_client), run.clients) + ": client",
+          "tasks", "erred", "h in successful tries"),
+         [(c, n, erred, _hours(ran)) for c, n, erred, ran in run.by_client], ""),
         (("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
          [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits], ""),
         (("worker lives: pool", "ended", "lives", "mean s", "shortest s", "longest s"),
@@ -1678,6 +1696,11 @@ def _summary_tables(run: _Run) -> list[_Table]:
         (("bytes on disk: worker", "limit MiB", "most MiB (sampled)", "of its limit"),
          _disk_peaks(run), ""),
     ]  # fmt: skip
+
+
+def _first_of(shown: int, total: int) -> str:
+    """A table's note when it shows the first ``shown`` rows of ``total``."""
+    return f" (the {shown} with the most time, of {total})" if total > shown else ""
 
 
 def _disk_peaks(run: _Run) -> list[tuple[Any, ...]]:

@@ -685,6 +685,39 @@ def test_the_summary_says_the_most_each_worker_had_on_disk_of_its_limit(tmp_path
     ]
 
 
+def test_the_summary_says_how_many_tasks_and_how_much_time_each_client_had(
+    tmp_path: Path,
+) -> None:
+    """The scale audit: the operator of a manager shared by many clients had "who used
+    how much" only as SQL (``tasks.client``). The summary gives each client's tasks,
+    those that erred and the hours of their successful tries, the most hours first;
+    tasks of no client count as ``?``; another run's tasks are left out; past 50
+    clients, the 50 with the most time, saying of how many."""
+    conn, t0 = _one_run_db(tmp_path / "monitoring.db", 100.0)
+    rows = [("run-1", "a-1", "alice", "memory", 30.0), ("run-1", "a-2", "alice", "erred", None),
+            ("run-1", "b-1", "bob", "released", 90.0), ("run-1", "n-1", None, "memory", 1.0),
+            ("other", "x-1", "bob", "memory", 5000.0)]  # fmt: skip
+    rows += [("run-1", f"m-{i}", f"many{i:02}", "memory", 0.5) for i in range(49)]
+    with conn:
+        conn.executemany(
+            "INSERT INTO tasks (run_id, key, client, state, duration, submitted, finished) "
+            f"VALUES (?, ?, ?, ?, ?, {t0}, {t0 + 1})",
+            rows,
+        )
+    conn.close()
+    lines = build_report(tmp_path / "monitoring.db", run_id="run-1", text=True).splitlines()
+    table = lines.index(next(ln for ln in lines if ln.startswith("tasks per client")))
+    assert lines[table].split(":")[0] == "tasks per client (the 50 with the most time, of 52)"
+    assert [ln.split() for ln in lines[table + 1 : table + 5]] == [
+        ["bob", "1", "0", "0.025"],
+        ["alice", "2", "1", "0.008333"],
+        ["?", "1", "0", "0.0002778"],
+        ["many00", "1", "0", "0.0001389"],
+    ]
+    assert lines[table + 51] == ""  # 50 rows
+    assert lines[table + 50].split()[0] == "many46" and "many47" not in "\n".join(lines)
+
+
 @pytest.mark.timeout(10)
 def test_the_file_errors_say_their_file_and_problem_and_travel_whole() -> None:
     """TokenFileError, MonitoringDBError, ReportRunError and ReportOutputError: one
