@@ -2606,13 +2606,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         in its memory, or, spilling, on its disk) that will then hold the fewest bytes;
         one that fits no survivor is computed again instead, as a lost output is. Each
         move is planned (``evac_planned``) until ``ws`` says which copies it made."""
-        targets = self._survivors(*going)
+        targets = self._survivors(*going) or self._keepers(*going)
         if not targets:
             return ()
         room = self._room_counts(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
-            fits = [w for w in targets if room.fits(w, ts)]
+            fits = [w for w in targets if w.id not in ts.who_has and room.fits(w, ts)]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
             target = room.place(self._lasting(fits), ts.nbytes)
@@ -2637,6 +2637,26 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         blocks = {(g.block, g.pool) for g in going if g.block}
         return [
             w for w in self.workers.values() if _takes_new(w) and (w.block, w.pool) not in blocks
+        ]
+
+    def _keepers(self, *going: WorkerState) -> list[WorkerState]:
+        """When no worker takes new work (:meth:`_survivors`: every other one drains, for
+        its walltime, a scale-in or an operator), the draining workers that stay a while
+        and may hold the outputs of the leaving workers ``going``: none that said it
+        leaves, was retired, is suspended or away, or is of a block of ``going``. A
+        drained worker keeps what only it holds (:meth:`_retire_idle`): it copies it on
+        to a worker that takes tasks once one joins, or stays holding it until it is
+        released, where with no target the output was lost and computed again (an
+        audit: a preemption while the other pool's workers drained before their
+        walltime ran 15 finished tasks a second time)."""
+        blocks = {(g.block, g.pool) for g in going if g.block}
+        return [
+            w
+            for w in self.workers.values()
+            if w.draining
+            and not (w.leaving or w.retired or w.suspended)
+            and w.away is None
+            and (w.block, w.pool) not in blocks
         ]
 
     def _only_leaving_hold(self, ts: TaskState) -> bool:
@@ -2706,7 +2726,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         changed, self._keeping_changed = self._keeping_changed, 0
         for wid in sorted(self.draining):
             ws = self.workers[wid]
-            if ws.processing:
+            if ws.processing or self.evac_planned.get(wid):
+                # (copies a leaving worker's plan sends it: kept until it says which
+                # it made, and they are counted then, its WorkerLeft)
                 continue
             if ws.keeping is None or changed >= _RECOUNT:
                 # Idle now (nothing new comes to it), or a holder went or drains: what

@@ -786,3 +786,54 @@ async def test_an_output_fetched_onto_a_second_worker_survives_both_stopping_tog
         assert value.shape == (n,) and value[-1] == n - 1
     # computed once: the copy on c was used (read once the processes stopped)
     assert log.read_text() == "ran\n"
+
+
+def test_with_every_other_worker_draining_a_leaving_workers_output_goes_to_a_drained_one(
+    make_state: Factory,
+) -> None:
+    """Audit fleet: a preempted block's worker held outputs its client had not gathered
+    yet while the only other workers drained before their walltime; with no worker
+    taking new work its plan copied nothing, and 15 finished tasks ran again. A drained
+    worker that stays a while keeps the copy (its drain holds an output only it holds):
+    it is not retired while the plan's copies come, keeps the output once they land,
+    and copies it on to a worker that joins, then retires; nothing runs again. A
+    drained worker that already holds the output needs no copy."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    join(s, "b", memory=1000, pool="reg")
+    submit(s, {"y": []}, ["y"], pool="reg")
+    assert s.tasks["y"].worker == "b"  # (a drained worker that runs nothing is retired)
+    run(s, event(WorkerDraining, worker="b"))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "b", 300),))]
+    assert of(out, RetireWorker) == []  # the copy is on its way to b
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", "b"),)))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"b"}
+    assert of(out, Execute) == [] and of(out, RetireWorker) == [] and s.storage.recoveries == {}
+    out = finish(s, "b", "y", nbytes=10)
+    assert of(out, RetireWorker) == []  # it keeps x: no worker takes it yet
+    out = join(s, "c", memory=1000, pool="reg")
+    kept = ("x", "y")  # (y: b's own output, wanted too)
+    assert [(t, src, tuple(k for k, _ in keys)) for t, src, keys in copies(out)] == [
+        ("c", "b", (k,)) for k in kept
+    ]
+    out = run(s, event(ReplicasCopied, worker="c", asked=kept, got=kept))
+    assert [r.worker for r in of(out, RetireWorker)] == ["b"]
+    assert s.tasks["x"].who_has >= {"c"} and s.storage.recoveries == {}
+
+
+def test_a_leaving_workers_output_a_drained_worker_holds_too_is_not_copied_to_it(
+    make_state: Factory,
+) -> None:
+    """The output is on the leaving worker and on the drained one (a task of it read
+    it): the drained one keeps it, no copy goes."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    join(s, "b", cores=2, memory=1000, pool="reg")
+    submit(s, {"z": ["x"], "y": []}, ["z", "y"], pool="reg")
+    assert (s.tasks["z"].worker, s.tasks["y"].worker) == ("b", "b")
+    finish(s, "b", "z", fetched=("x",))
+    assert s.tasks["x"].who_has == {"a", "b"}
+    run(s, event(WorkerDraining, worker="b"))  # y runs on
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", ())]
