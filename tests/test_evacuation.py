@@ -46,6 +46,7 @@ from actors.scheduler_events import (
 )
 from actors.worker import Leave, Worker
 from runtime import Cluster
+from runtime.console import ConsoleClient
 from runtime.graph import Task
 from runtime.kernel import Actor, ActorSystem, Later, handles
 from runtime.messages import CopiesReply, CopyFrom, Evacuated, EvacuationPlan, Leaving, RunTasks
@@ -837,3 +838,39 @@ def test_a_leaving_workers_output_a_drained_worker_holds_too_is_not_copied_to_it
     run(s, event(WorkerDraining, worker="b"))  # y runs on
     out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", ())]
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_preempted_workers_output_waits_on_a_drained_worker_for_the_next(
+    tmp_path: Path,
+) -> None:
+    """Audit fleet on worker processes: the only other worker drains (an operator's
+    drain here; a walltime in the audit) and runs a task when the worker holding the
+    client's output ``x`` is preempted. The drained worker takes the copy and keeps it
+    after its task; once a worker joins (the preempted pool's replacement), ``x`` is
+    copied there and the drained one exits. ``x`` was computed once (before: again, on
+    the worker that joined)."""
+    log, gate, started = tmp_path / "runs", tmp_path / "gate", tmp_path / "started"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
+        in_job = cli.worker(address, "--name", "in-job", "--pool", "pre")
+        del cli.env["SLURM_JOB_ID"]
+        async with Cluster(address) as c, ConsoleClient(address) as console:
+            await c.wait_for_workers(1)
+            x = c.submit(produce, str(log), 2**20, pool="pre", pure=False)
+            await x.wait()
+            other = cli.worker(address, "--name", "other", "--pool", "reg")
+            held = c.submit(held_at_gate, str(gate), str(started), pool="reg", pure=False)
+            await wait_until(started.exists, "the task on the other worker started")
+            await console.drain("other")
+            in_job.send_signal(signal.SIGTERM)
+            assert in_job.wait(LIMIT) == 0
+            gate.touch()
+            assert await held == "opened"
+            cli.worker(address, "--name", "next", "--pool", "pre")  # its replacement
+            assert other.wait(LIMIT) == 0  # retired once x was copied to next
+            value = await x
+            assert value.shape == (2**20,) and value[-1] == 2**20 - 1
+        assert log.read_text() == "ran\n"  # computed once: the copies were used
