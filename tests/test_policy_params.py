@@ -139,7 +139,8 @@ def test_an_unknown_parameter_is_named_with_the_closest_and_the_list() -> None:
     assert refused("retry", "default", {"max_lots": 3}) == (
         "bad parameters for retry policy 'default': no parameter 'max_lots'; did you mean "
         "'max_lost'? (its parameters: max_lost, charge_lost, max_oom, max_crashes, "
-        "fallback, max_disk_full, backoff, max_backoff, resumable_keeps_place). See "
+        "fallback, max_disk_full, backoff, max_backoff, resumable_keeps_place, lost_keeps_place). "
+        "See "
         "docs/policies.md for the parameters each policy takes."
     )
     text = refused("placement", "locality", {"colour": "red"})

@@ -133,9 +133,10 @@ def test_a_resumable_retry_runs_before_fresh_work_submitted_after_it(
 @pytest.mark.parametrize(
     ("checkpoint", "params"),
     [
-        (None, {}),  # nothing to resume: it starts over
-        ("large", {}),  # its only checkpoint went with its worker's disk
-        ("small", {"resumable_keeps_place": False}),  # the knob off
+        # (lost_keeps_place off: a preemption's retry keeps its place too by default)
+        (None, {"lost_keeps_place": False}),  # nothing to resume: it starts over
+        ("large", {"lost_keeps_place": False}),  # its only checkpoint went with its disk
+        ("small", {"resumable_keeps_place": False, "lost_keeps_place": False}),  # knobs off
     ],
     ids=["never-checkpointed", "checkpoint-lost", "knob-off"],
 )
@@ -170,9 +171,11 @@ def test_an_earlier_retry_behind_fresh_work_does_not_hold_a_resumable_one_behind
 def test_the_knob_set_at_runtime_applies_to_the_next_retry(make_state: Factory) -> None:
     """``set_policy("retry", "default", resumable_keeps_place=False)`` ends in a
     PolicyChanged to the core: the next resumable retry goes behind fresh work."""
-    s = preempted_with_fresh_work(make_state, checkpoint=None)  # a first loss, behind
-    policy = REGISTRY.create("retry", "default", console_params(["resumable_keeps_place=false"]))
-    assert policy.resumable_keeps_place is False
+    no_place = REGISTRY.create("retry", "default", {"lost_keeps_place": False})
+    s = preempted_with_fresh_work(make_state, no_place, checkpoint=None)  # a first loss, behind
+    knobs = ["resumable_keeps_place=false", "lost_keeps_place=false"]
+    policy = REGISTRY.create("retry", "default", console_params(knobs))
+    assert policy.resumable_keeps_place is False and policy.lost_keeps_place is False
     at(s, 40.5, PolicyChanged, kind="retry", policy=policy)
     out = at(s, 41, WorkerJoined, worker="w2", cores=1, memory=2**30)
     assert assigned(out) == {"w2": ["fresh-a"]}
@@ -207,7 +210,7 @@ def view(saved: float | None, **counts: int) -> TaskStateView:
 def test_only_a_free_retry_of_a_resumable_task_keeps_its_place(
     outcome: str, cause: str | None, counts: dict[str, int], behind: bool
 ) -> None:
-    retry = REGISTRY.create("retry", "default")
+    retry = REGISTRY.create("retry", "default", {"lost_keeps_place": False})
     decision = retry.decide(view(12.0, **counts), outcome, cause)
     assert decision.retry and decision.behind is behind
     assert (KEEPS in decision.reason) is not behind
@@ -266,3 +269,39 @@ def test_a_config_file_sets_the_knob_and_refuses_a_bad_one(tmp_path: Path) -> No
     path.write_text('[policies.retry]\nname = "default"\nresumable_keeps_place = "no"\n')
     with pytest.raises(PolicyConfigError, match="resumable_keeps_place must be true or false"):
         load_policies(path, REGISTRY)
+
+
+# ------------------------------------------------------- a retry lost to the batch system
+
+
+def test_a_preempted_task_that_starts_over_keeps_its_place_before_work_submitted_since(
+    make_state: Factory,
+) -> None:
+    """Audit fleet: in a campaign that kept submitting, 16 tasks preempted (never
+    checkpointed) went behind every task submitted after them and waited 5 to 19
+    minutes and more, none sent again, while 700 later tasks ran: the client awaiting
+    them waited as long. A free retry of a try lost to the batch system keeps its
+    place: ``sim`` runs before the two tasks submitted after it."""
+    s = preempted_with_fresh_work(make_state, checkpoint=None)
+    order, _ = dispatch_order(s)
+    assert order == ["sim", "fresh-a", "fresh-b"]
+    assert not s.tasks["sim"].behind
+    assert retry_reasons(s, "sim") == ["worker lost (preempted); free retry"]
+
+
+@pytest.mark.parametrize(
+    ("cause", "behind"),
+    [("preempted", False), ("suspended", False), ("walltime", False),
+     ("crash", True), ("unknown", True), ("drained", True)],
+)  # fmt: skip
+def test_only_a_loss_that_is_the_batch_system_s_doing_keeps_its_place(
+    cause: str, behind: bool
+) -> None:
+    """A crash may be the task's doing (a suspect: behind fresh work), and so may an
+    unknown loss; a preemption, a suspension and a walltime are the batch system's."""
+    decision = REGISTRY.create("retry", "default").decide(
+        view(None, lost_tries=1), "worker-lost", cause
+    )
+    assert decision.retry and not decision.charge and decision.behind is behind
+    off = REGISTRY.create("retry", "default", {"lost_keeps_place": False})
+    assert off.decide(view(None, lost_tries=1), "worker-lost", cause).behind

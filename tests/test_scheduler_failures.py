@@ -246,7 +246,8 @@ def test_a_lost_worker_s_tasks_are_retried_elsewhere_for_free(make_state: Factor
     assert assigned(cmds) == {other: ["a"]}
     ts = s.tasks["a"]
     assert ts.retries_left == 1  # not charged
-    assert ts.lost_tries == 1 and ts.behind
+    # and its place kept (a preemption is its batch system's doing: docs/policies.md, retry)
+    assert ts.lost_tries == 1 and not ts.behind
     (try_,) = ts.tries
     assert (try_.worker, try_.outcome, try_.cause) == (wa, "worker-lost", "preempted")
     assert wa not in s.workers and wa not in s.free
