@@ -1079,6 +1079,19 @@ def _watch_local_computes(client: ClientActor, watch: bool = True) -> None:
                 Callback.active.discard(_LOCAL_CHECK)
 
 
+def _graph_and_keys(args: tuple[Any, ...]) -> bool:
+    """Whether ``compute(*args)`` is ``compute(graph, keys)``: two arguments, the keys
+    no collection, and the graph a mapping that is no collection (a dict is not looked
+    into: a graph's tasks may be many) or anything else holding none (a list of
+    collections is ``compute([x, y], z)``)."""
+    if len(args) != 2 or holds_collection(args[1], in_dicts=True):
+        return False
+    graph = args[0]
+    if isinstance(graph, Mapping) and not is_dask_collection(graph):
+        return True
+    return not holds_collection(graph)
+
+
 def futures_of(*collections: Any) -> list[Future]:
     """The :class:`Future` objects that dask collections hold, each once, as
     dask.distributed's ``futures_of``: those of a collection :meth:`Cluster.persist`
@@ -3482,7 +3495,7 @@ class Cluster:
         a thread: dask's optimization may take a while; and the futures it holds (a
         persisted collection's), checked (:meth:`_inputs_of`)."""
         for arg in args:
-            if not holds_collection(arg):
+            if not holds_collection(arg, in_dicts=method == "compute"):
                 raise TypeError(
                     f"{method} got {type(arg).__name__} {short_repr(arg)} beside dask "
                     f"collections: {method}(x, ...) takes collections (or lists and tuples "
@@ -3533,7 +3546,8 @@ class Cluster:
     async def compute(self, *args: Any, **options: Any) -> Any:
         """Compute dask collections, ``compute(x)`` (the value of ``x``, what
         ``x.compute()`` gives) or ``compute(x, y, ...)`` (a tuple, as from
-        ``dask.compute``); lists and tuples of collections are looked into, as dask does.
+        ``dask.compute``); lists, tuples, dicts and sets of collections are looked into, as
+        dask does: ``compute({"mean": x.mean(), "std": x.std()})`` gives a dict.
         Or compute ``keys`` (a key or nested lists of keys) of a dask graph,
         ``compute(graph, keys)``.
 
@@ -3545,9 +3559,9 @@ class Cluster:
         """
         self._require()
         opts = _submission_options("compute", options)
-        if len(args) == 2 and not holds_collection(args[0]):  # (not its keys: may be many)
+        if _graph_and_keys(args):
             graph, keys = args
-        elif any(holds_collection(arg) for arg in args):
+        elif any(holds_collection(arg, in_dicts=True) for arg in args):
             expr, flat, repack, inputs = await self._collections(args, "compute")
             values = repack(await self._compute(expr, flat, opts, inputs))
             return values[0] if len(args) == 1 else values

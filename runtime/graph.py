@@ -24,6 +24,7 @@ import math
 import pickle
 import sys
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping, Sized
 from typing import Any, NamedTuple
 
@@ -702,20 +703,45 @@ def reject_collection(graph: object) -> None:
     )
 
 
-def holds_collection(obj: object) -> bool:
+def _looked_into(obj: object, in_dicts: bool) -> Iterable[object] | None:
+    """What :func:`holds_collection` looks into in ``obj`` (None: nothing, ``obj`` is
+    itself a collection or not): a list's or tuple's items; with ``in_dicts``, also a
+    plain dict's values, a set's items and a dataclass's fields, as
+    ``unpack_collections`` does."""
+    if isinstance(obj, list | tuple):
+        return obj
+    if not in_dicts:
+        return None
+    if isinstance(obj, set) and type(obj) is set:
+        return obj
+    if isinstance(obj, dict) and type(obj) in (dict, OrderedDict):
+        return obj.values()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return (getattr(obj, f.name) for f in dataclasses.fields(obj))
+    return None
+
+
+def holds_collection(obj: object, *, in_dicts: bool = False) -> bool:
     """Whether ``obj`` is a dask collection (an array, a dataframe, a bag, a
     ``Delayed``, an xarray ``Dataset`` or ``DataArray``), or a list or tuple holding one
     (at any depth), as ``dask.compute`` takes them. A graph (a dict, a
     ``HighLevelGraph``, a dask expression) is none: its keys say what to compute. (A
-    mapping may be a collection: an xarray ``Dataset`` is one.)"""
-    if isinstance(obj, list | tuple):
-        return any(holds_collection(item) for item in obj)
+    mapping may be a collection: an xarray ``Dataset`` is one.)
+
+    ``in_dicts``: also look into the other containers ``dask.compute`` looks into
+    (``unpack_collections``): a plain dict's values, a set's items, a dataclass's
+    fields, as in ``dask.compute({"mean": x.mean(), "std": x.std()})``; only where a
+    dict cannot be a graph."""
+    items = _looked_into(obj, in_dicts)
+    if items is not None:
+        return any(holds_collection(item, in_dicts=in_dicts) for item in items)
     return not isinstance(obj, Expr) and is_dask_collection(obj)
 
 
 def collections_expr(args: tuple[Any, ...]) -> tuple[Expr, list[Key], Callable[[Any], Any]]:
     """What ``dask.compute(*args)`` hands its scheduler, and how it makes its answer:
-    the expression of the collections in ``args`` (lists and tuples are looked into),
+    the expression of the collections in ``args`` (lists, tuples, dicts, sets and
+    dataclasses are looked into),
     optimized by dask and finalized (each collection's ``__dask_postcompute__``, as a
     task of its own), its keys (one per collection), and ``repack``, which makes the
     values of those keys the tuple ``dask.compute`` returns. Slow for a large

@@ -104,3 +104,24 @@ def test_the_unpicklable_error_tells_what_to_do_for_a_collections_own_task() -> 
     assert "inside the task" in message  # an argument of your own
     assert "finalize step takes the collection itself" in message
     assert "Cluster(workers=N)" in message
+
+
+async def test_a_dict_of_collections_is_computed_as_dask_compute_computes_it() -> None:
+    """``dask.compute`` looks into dicts, sets and dataclasses as into lists: a dict of an
+    analysis's results (``{"mean": ..., "std": ...}``) comes back a dict of their values
+    (before, "got 1 argument(s) and no collection"), beside another collection too; a
+    graph and its keys, ``compute({"k": task}, "k")``, stays a graph."""
+    ds = _dataset()
+    results = {"mean": ds.a.mean(), "by_t": ds.b, "n": 3, "both": [ds.a.max(), (ds.a.min(),)]}
+    want, want_sum = dask.compute(results, ds.a.sum(), scheduler="sync")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            got = await cluster.compute(results)
+            got_again, got_sum = await cluster.compute(results, ds.a.sum())
+            assert await cluster.compute({"k": (sum, [1, 2])}, "k") == 3
+    for value in (got, got_again):
+        assert type(value) is dict and value.keys() == want.keys() and value["n"] == 3
+        for name in ("mean", "by_t"):
+            xr.testing.assert_identical(value[name], want[name])
+        assert value["both"] == want["both"]
+    assert got_sum == want_sum
