@@ -3926,10 +3926,32 @@ async def run_worker(
                     slow = slow or (now - began >= 10 and not waiting)
                     delay = min(delay * 2, 5.0 if slow else 1.0)
 
-            try:
-                first = await reach(connect_retry, rejoin=False)
-            except _WorkerRefused as exc:
-                raise exc.error from None
+            # The stop signals are ours before the first connection: a SIGTERM that
+            # came after the manager took the worker in and before the handlers were
+            # set ended it by Python's default (no WorkerGone: the manager warned of a
+            # dropped connection, as when Cluster(processes=N) closes right after
+            # wait_for_workers); one while it still tries to join stops that try.
+            joining = anyio.CancelScope()
+
+            async def on_signal() -> None:
+                stop.set()
+                joining.cancel()
+
+            # The tries that end in error once the stop signal came failed for it (the
+            # programs they started got it too): Worker._not_failed_by_the_stop. Not
+            # an earlier run's signal (a program that runs workers one after another).
+            STOP_SIGNALLED.clear()
+            await system.start_service(_until_signalled, on_signal)
+            for signum in _stop_signals():
+                signal.signal(signum, note_stop_signal)
+            with joining:
+                try:
+                    first = await reach(connect_retry, rejoin=False)
+                except _WorkerRefused as exc:
+                    raise exc.error from None
+            if joining.cancelled_caught:
+                _log.info("stopped before it joined", worker=worker_id, manager=address)
+                return
 
             async def stay_joined(
                 *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -4003,16 +4025,6 @@ async def run_worker(
             await system.start_service(_note_continued, continued)
             await system.start_service(own.serve, serve_peer)
 
-            async def on_signal() -> None:
-                stop.set()
-
-            await system.start_service(_until_signalled, on_signal)
-            # The tries that end in error once the stop signal came failed for it (the
-            # programs they started got it too): Worker._not_failed_by_the_stop. Not
-            # an earlier run's signal (a program that runs workers one after another).
-            STOP_SIGNALLED.clear()
-            for signum in _stop_signals():
-                signal.signal(signum, note_stop_signal)
             await system.start_service(_lifeline)
             if ready is not None:
                 ready(worker_id)

@@ -90,6 +90,25 @@ async def test_sighup_stops_a_worker_in_order(tmp_path: Path) -> None:
         await run(cli.line_with, manager, "worker left")
 
 
+async def test_a_worker_still_joining_stops_in_order_on_sigterm(tmp_path: Path) -> None:
+    """Its stop signals are handled from before its first connection: a worker that
+    waits for its manager (``--connect-retry``) stops at SIGTERM with status 0, saying
+    so, and one that the manager has just taken in leaves with its WorkerGone. Before,
+    the handlers came after the join, and such a SIGTERM ended it by Python's default
+    (status -15): an embedded ``Cluster(processes=N)`` closed right after
+    ``wait_for_workers`` had the manager warn ``worker connection dropped``."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        nobody = f"ws://127.0.0.1:{free_port_between(57500, 57899)}"  # nothing listens
+        flags = ("--name", "early", "--connect-retry", "60", "--log-level", "info")
+        worker = cli.start("worker", nobody, "--token", "t" * 32, *flags)
+        await run(cli.line_with, worker, "could not reach the manager; retrying")
+        worker.send_signal(signal.SIGTERM)
+        said = await run(cli.rest, worker, 20)
+        assert worker.wait(5) == 0, said
+        assert [x for x in said if "stopping on signal" in x and "SIGTERM" in x], said
+        assert [x for x in said if "stopped before it joined" in x], said
+
+
 async def test_a_manager_started_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
     """``nohup`` (SIGHUP ignored from the start) is how a manager started by hand
     outlives its terminal: the manager leaves it ignored. A SIGHUP, then a request it
