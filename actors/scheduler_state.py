@@ -3273,13 +3273,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         anyway, asked every tick on the scheduler's loop. Tries on workers drained for
         their walltime that are not expected to end by it count too, due at that
         deadline (:meth:`_walltime_cut`): their retries need a block then. A task no
-        configured pool's workers could run (:meth:`_no_pool_fits`) is left out."""
+        configured pool's workers could run (:meth:`unfit_pools`) is left out; one of
+        no pool that only some could run counts under each of those, not ``"*"`` (a
+        pool whose blocks could never run it had one asked for ahead of time, idle)."""
         out: dict[str, list[float]] = {}
         budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
-            times = []
             for ts in itertools.islice(wave, most):
-                if ts.spec.resources and self._no_pool_fits(ts.spec.pool, ts.spec.resources):
+                keys = self._upcoming_keys(pool, ts)
+                if not keys:
                     continue  # no block of a configured pool could run it: none is asked
                 budget -= len(ts.deps)
                 if budget < 0:
@@ -3297,15 +3299,29 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                         break  # running past twice its mean: late
                     left = max(left, t)
                 else:
-                    times.append(max(left, 0.0))
-            if times:
-                out[pool] = times
+                    for key in keys:
+                        out.setdefault(key, []).append(max(left, 0.0))
         for ts, deadline in self._walltime_cut(now):
             out.setdefault(pool_key(ts.spec.pool), []).append(max(deadline - now, 0.0))
         for times in out.values():
             times.sort()
             del times[most:]
         return out
+
+    def _upcoming_keys(self, pool: str, ts: TaskState) -> tuple[str, ...]:
+        """Under which pools :meth:`upcoming` counts ``ts`` of the wave of ``pool``: its
+        own (``"*"``: any pool); none when no configured pool it may run in has
+        workers with the cores or memory it asks (:meth:`unfit_pools`); for a task of no
+        pool that only some of them could run, each of those."""
+        res = ts.spec.resources
+        unfit = self.unfit_pools(ts.spec.pool, res) if res else []
+        if not unfit:
+            return (pool,)
+        cfg = self.config
+        return tuple(
+            p for p in cfg.pool_cores
+            if p not in unfit and runs_on(ts.spec.pool, p, cfg.reserved_pools)
+        )  # fmt: skip
 
     def _walltime_cut(self, now: float) -> Iterator[tuple[TaskState, float]]:
         """The tries on workers drained for their walltime that are not expected to end

@@ -48,7 +48,35 @@ def test_the_next_wave_leaves_out_a_task_no_configured_pool_could_run(
     attrs = {"huge": {"resources": {"cores": 16}}, "wide": {"resources": {"cores": 4}}}
     submit(s, table, ["huge", "wide"], attrs=attrs)
     assert sorted(wave(s)["*"]) == ["huge", "wide"]
-    assert s.upcoming(s._now) == {"*": [0.5]}  # wide's: huge fits no pool's workers
+    assert s.upcoming(s._now) == {"big": [0.5]}  # wide's: huge fits no pool's workers
+
+
+def test_the_next_wave_counts_a_task_only_some_pools_could_run_under_those_only(
+    make_state: Factory,
+) -> None:
+    """A waiting task of no pool asking for 4 cores: 'big' (8-core workers) could run
+    it, 'cpu' (1 core) could not. Under ``"*"``, the autoscaler counted it in every
+    pool's lookahead, so 'cpu' had a block asked for ahead of time that could never run
+    it (and idled out); it is due under 'big' alone. A reserved pool gets no task of no
+    pool, however large its workers."""
+    s = make_state(
+        pools=("cpu", "big", "own"), pool_cores={"cpu": 1, "big": 8, "own": 8},
+        reserved_pools=frozenset({"own"}), unknown_duration=0.5,
+    )  # fmt: skip
+    table = {"in-0": [], "wide": ["in-0"], "small": ["in-0"]}
+    attrs = {"wide": {"resources": {"cores": 4}}, "small": {"resources": {"cores": 1}}}
+    submit(s, table, ["wide", "small"], attrs=attrs)
+    upcoming = s.upcoming(s._now)
+    assert upcoming == {"big": [0.5], "*": [0.5]}  # wide's; small's
+    a = AutoscalerState(AutoscalerConfig(), demand())
+    limits = PoolLimits(max_blocks=4, init_blocks=0, max_idletime=60.0)
+    for pool in ("cpu", "big"):
+        assert a.handle(TargetSet(0.0, pool, 0, "spec", limits)) == []
+    seen = QueuesSeen(1.0, {}, {}, upcoming=upcoming)
+    started = [(1, "cpu"), (2, "big"), (3, "big")]
+    assert a.handle(seen) == [StartBlock(i, pool, "spec") for i, pool in started]
+    assert (a.pools["cpu"].desired, a.pools["big"].desired) == (1, 2)  # small; both
+    a.validate()
 
 
 def test_the_next_wave_is_the_waiting_tasks_whose_inputs_are_all_under_way(
