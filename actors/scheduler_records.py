@@ -533,9 +533,10 @@ class TaskState:
         #: story (each reason once per try; "" when none was told)
         self.copy_said = ""
         #: the throttled workers it was taken back from while deferred there (its
-        #: expected output fitting under none of their fences): it is taken back only
-        #: to a free worker not among them, so never bounced between two for ever
-        self.deferred_by: tuple[str, ...] = ()
+        #: expected output fitting under none of their fences), with the bytes of
+        #: outputs each held then: it is taken back only to a free worker not among
+        #: them, or one holding less since, so never bounced between two for ever
+        self.deferred_by: dict[str, int] = {}
         #: the worker where its story last told it is kept deferred, not taken back
         #: again (each such wait told once per worker; "": none told)
         self.kept_on = ""

@@ -4645,8 +4645,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ever, throttled, while its peer idled: no error, since the memory watchdog
         needs every worker of the pool throttled.) Not ``jammed``: the worker's
         consumers are what frees its memory, and the throttle keeps producers away.
-        Only while such a free worker did not defer it before (``deferred_by``): else it
-        stays, and its story says why (:meth:`_tell_kept_deferred`). (Spilling off, two
+        Only while such a free worker did not defer it before, or holds fewer bytes of
+        outputs than it did then (:meth:`_deferred_by`): else it stays, and its story
+        says why (:meth:`_tell_kept_deferred`). (Spilling off, two
         workers holding outputs and a producer fitting neither: it went from one to the
         other every ``takeback_after`` for ever, each throttling in turn.)"""
         free_in: dict[str, list[WorkerState]] = {}
@@ -4659,13 +4660,22 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 continue
             stuck = [t for t in ws.waiting if t.producer and now - t.sent >= after]
             for ts in sorted(stuck, key=_prio_key):
-                if all(w.id in ts.deferred_by for w in free_in[ws.pool]):
+                if all(self._deferred_by(ts, w) for w in free_in[ws.pool]):
                     self._tell_kept_deferred(ts, ws)
                     continue
-                ts.deferred_by = (*ts.deferred_by, ws.id)
+                ts.deferred_by[ws.id] = self.held_bytes.get(ws.id, 0)
                 self._log(ts.key, "processing", f"taken-back:{ws.id} (throttled)")
                 self._unassign(ts, cancel=True, cause="moved")
                 self._wait_or_queue(ts)
+
+    def _deferred_by(self, ts: TaskState, ws: WorkerState) -> bool:
+        """``ws`` deferred ``ts`` before (it was taken back from it) and holds as many
+        bytes of outputs as it did then, or more: it would defer it again. One that let
+        outputs go since has more room: a producer kept deferred elsewhere may go to it
+        (else it waited for ever on a worker whose memory never fell, beside one whose
+        did)."""
+        held = ts.deferred_by.get(ws.id)
+        return held is not None and self.held_bytes.get(ws.id, 0) >= held
 
     def _tell_kept_deferred(self, ts: TaskState, ws: WorkerState) -> None:
         """Say in ``ts``'s story, once per worker, that it stays deferred on the
@@ -4678,7 +4688,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             f"deferred on {ws.id} (throttled), not taken back again: every free worker of "
             f"its pool deferred it before ({', '.join(ts.deferred_by)}), its expected "
             "output fitting under none of their memory fences beside what they hold; it "
-            "waits for memory to fall there. To go on: release the results you no longer "
+            "waits for memory to fall there, or for one of them to let outputs go. To go "
+            "on: release the results you no longer "
             "need, turn spilling on, or give the workers more memory (memory_per_worker, "
             "--memory)",
         )  # fmt: skip

@@ -17,7 +17,9 @@ from actors.scheduler_events import (
     CancelOnWorker,
     Event,
     Execute,
+    FilesReleased,
     GraphSubmitted,
+    KeysReleased,
     TasksFinished,
     TasksRunning,
     Tick,
@@ -222,6 +224,22 @@ def test_the_metrics_and_the_default_rule_for_a_try_stuck_on_its_worker() -> Non
     assert rule["expr"] == "corral_worker_queue_oldest_seconds > 300"
 
 
+#: a worker's memory report while it holds outputs, spilling off (throttled or not)
+HOLDING = {"rss": 600 * 2**20, "throttle_at": 700 * 2**20, "limit": 2**30}
+
+
+def deferred_on_w1_then_taken_to_w2(s: SchedulerState) -> dict[str, int]:
+    """The producer p-0 goes to w1 (joined) at T0; w2 joins, w1 throttles (``HOLDING``)
+    with p-0 deferred, and at T0 + 11 p-0 is taken back to w2; returns ``HOLDING``."""
+    specs = specs_for(s, {"p-0": []}, ["p-0"])
+    assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("p-0",))) == [("w1", "p-0")]
+    at(s, WorkerJoined, T0 + 0.1, worker="w2", cores=1, memory=2**30)
+    at(s, WorkerMemory, T0 + 0.5, worker="w1", throttled=True, **HOLDING)
+    out = at(s, Tick, T0 + 11)
+    assert cancelled(out) == [("w1", "p-0")] and sent(out) == [("w2", "p-0")]
+    return HOLDING
+
+
 def test_a_producer_no_worker_has_room_for_is_not_bounced_between_them(
     make_state: Factory,
 ) -> None:
@@ -236,13 +254,7 @@ def test_a_producer_no_worker_has_room_for_is_not_bounced_between_them(
         speculation="off", unknown_long=False, long_task=float("inf"), stall_timeout=1000.0
     )
     at(s, WorkerJoined, T0 - 1, worker="w1", cores=1, memory=2**30)
-    specs = specs_for(s, {"p-0": []}, ["p-0"])
-    assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("p-0",))) == [("w1", "p-0")]
-    at(s, WorkerJoined, T0 + 0.1, worker="w2", cores=1, memory=2**30)
-    memory = {"rss": 600 * 2**20, "throttle_at": 700 * 2**20, "limit": 2**30}
-    at(s, WorkerMemory, T0 + 0.5, worker="w1", throttled=True, **memory)
-    out = at(s, Tick, T0 + 11)
-    assert cancelled(out) == [("w1", "p-0")] and sent(out) == [("w2", "p-0")]
+    memory = deferred_on_w1_then_taken_to_w2(s)
     moves = 1
     for i in range(1, 6):  # w2 defers it in turn; w1 has nothing deferred any more
         t = T0 + 11 + 20 * i
@@ -257,7 +269,39 @@ def test_a_producer_no_worker_has_room_for_is_not_bounced_between_them(
     assert why == (
         "deferred on w2 (throttled), not taken back again: every free worker of its "
         "pool deferred it before (w1), its expected output fitting under none of their "
-        "memory fences beside what they hold; it waits for memory to fall there. To go "
-        "on: release the results you no longer need, turn spilling on, or give the "
+        "memory fences beside what they hold; it waits for memory to fall there, or for "
+        "one of them to let outputs go. To go on: release the results you no longer "
+        "need, turn spilling on, or give the "
         "workers more memory (memory_per_worker, --memory)"
     )
+
+
+def test_a_kept_producer_goes_to_a_worker_that_let_outputs_go_since_it_deferred_it(
+    make_state: Factory,
+) -> None:
+    """Spilling off: w1 holds a's 500 MB output and defers the producer p-0, which is
+    taken back to w2; w2 defers it in turn, and it is kept there (w1 deferred it
+    before). Then the client lets a go: w1 holds nothing, and p-0 fits there now. Before,
+    w1 stayed among the workers that deferred it for good, so p-0 waited on w2 for ever
+    (w2's memory never falling), w1 idle and no error (the memory watchdog needs every
+    worker throttled). A worker that holds fewer bytes of outputs than when it deferred
+    the producer may take it again."""
+    s = make_state(
+        speculation="off", unknown_long=False, long_task=float("inf"), stall_timeout=1000.0
+    )
+    at(s, WorkerJoined, T0 - 2, worker="w1", cores=1, memory=2**30)
+    specs = specs_for(s, {"a": []}, ["a"])
+    assert sent(at(s, GraphSubmitted, T0 - 1.5, specs=specs, wanted=("a",))) == [("w1", "a")]
+    res = result("a", nbytes=500 * 2**20, attempt=s._attempt_on(s.tasks["a"], "w1"))
+    at(s, TasksFinished, T0 - 1, worker="w1", results=(res,))
+    assert s.held_bytes["w1"] == 500 * 2**20
+    memory = deferred_on_w1_then_taken_to_w2(s)
+    at(s, WorkerMemory, T0 + 12, worker="w2", throttled=True, **memory)
+    at(s, WorkerMemory, T0 + 12, worker="w1", throttled=False, **memory)
+    assert at(s, Tick, T0 + 31) == []  # kept on w2: w1 deferred it, holding as much
+    assert [e[2] for e in s.story("p-0") if "not taken back" in e[2]] != []
+    at(s, KeysReleased, T0 + 32, keys=("a",))
+    at(s, FilesReleased, T0 + 32.5, keys=("a",))
+    assert s.held_bytes.get("w1", 0) == 0
+    out = at(s, Tick, T0 + 33)
+    assert cancelled(out) == [("w2", "p-0")] and sent(out) == [("w1", "p-0")]
