@@ -3275,7 +3275,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         deadline (:meth:`_walltime_cut`): their retries need a block then. A task no
         configured pool's workers could run (:meth:`unfit_pools`) is left out; one of
         no pool that only some could run counts under each of those, not ``"*"`` (a
-        pool whose blocks could never run it had one asked for ahead of time, idle)."""
+        pool whose blocks could never run it had one asked for ahead of time, idle);
+        so for those tries cut at a walltime (:meth:`_upcoming_keys`)."""
         out: dict[str, list[float]] = {}
         budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
@@ -3302,7 +3303,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     for key in keys:
                         out.setdefault(key, []).append(max(left, 0.0))
         for ts, deadline in self._walltime_cut(now):
-            out.setdefault(pool_key(ts.spec.pool), []).append(max(deadline - now, 0.0))
+            for key in self._upcoming_keys(pool_key(ts.spec.pool), ts):
+                out.setdefault(key, []).append(max(deadline - now, 0.0))
         for times in out.values():
             times.sort()
             del times[most:]

@@ -153,6 +153,29 @@ def test_a_try_that_will_not_end_by_its_worker_s_walltime_is_due_again_at_it(
     assert s2.workers["v"].walltime_drain and s2.upcoming(T0 + 70) == {}
 
 
+def test_a_cut_try_of_no_pool_is_due_only_in_the_pools_whose_workers_could_run_it(
+    make_state: Factory,
+) -> None:
+    """A try of no pool asking for 4 cores, cut by its 8-core worker's walltime, is due
+    at the deadline in 'big' (8-core workers) alone: under ``"*"`` the autoscaler
+    counted it in 'cpu' (1-core workers) too, which then had a block asked for ahead of
+    the deadline that could never run the retry, and idled out."""
+    s = make_state(
+        saturation=1.0, drain_period=30.0, pools=("cpu", "big"), pool_cores={"cpu": 1, "big": 8}
+    )
+    at(s, 0, WorkerJoined, worker="w", cores=8, memory=2**30, deadline=T0 + 100, pool="big")
+    specs = specs_for(s, {"done-1": []}, ["done-1"], attrs={"done-1": {"category": "long"}})
+    at(s, 0, GraphSubmitted, specs=specs, wanted=("done-1",))
+    learn(s, 10, "w", "done-1", 10)  # the category takes 10 s
+    at(s, 11, KeysReleased, keys=("done-1",))
+    attrs = {"long-1": {"category": "long", "resources": {"cores": 4}}}
+    specs = specs_for(s, {"long-1": []}, ["long-1"], attrs=attrs)
+    assert assigned(at(s, 20, GraphSubmitted, specs=specs, wanted=("long-1",))) == {"w": ["long-1"]}
+    at(s, 70, Tick)  # 30 s before the walltime: drained, long-1 runs late
+    assert s.workers["w"].walltime_drain
+    assert s.upcoming(T0 + 70) == {"big": [30.0]}
+
+
 def test_tries_waiting_in_a_walltime_drained_worker_s_queue_are_due_only_if_cut(
     make_state: Factory,
 ) -> None:
