@@ -614,6 +614,10 @@ def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfi
     return None if refused or unknown else pool
 
 
+#: the keys of seconds that refuse 0 as well as a negative number
+_MORE_THAN_0 = frozenset({"provisioning_timeout", "lost_grace"})
+
+
 def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
     provider = raw.get("provider", "local")
     if provider not in PROVIDERS:
@@ -676,8 +680,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             raise PoolConfigError(name, key, exc.problem) from None
         except ValueError as exc:
             if isinstance(value, int | float) and value < 0:  # a number, only not >= 0
+                # (of a key that refuses 0 too, what it refuses next: not ">= 0")
+                least = "more than 0" if key in _MORE_THAN_0 else ">= 0"
+                off = '; "off": never' if key == "lost_grace" else ""
                 raise PoolConfigError(
-                    name, key, f"must be >= 0 (seconds, or a Slurm time), got {value!r}"
+                    name, key, f"must be {least} (seconds, or a Slurm time{off}), got {value!r}"
                 ) from None
             if key == "lost_grace":
                 raise PoolConfigError(

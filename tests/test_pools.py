@@ -194,7 +194,9 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
         ({"provisioning_timeout": 0}, "provisioning_timeout", "more than 0"),
         ({"provisioning_timeout": "10m"}, "provisioning_timeout", "'HH:MM:SS'"),
         ({"lost_grace": 0}, "lost_grace", "more than 0"),
-        ({"lost_grace": -5}, "lost_grace", "must be >= 0"),
+        # a negative one: what 0 gets too (before: "must be >= 0", then 0 refused)
+        ({"lost_grace": -5}, "lost_grace", 'more than 0 (seconds, or a Slurm time; "off": never)'),
+        ({"provisioning_timeout": -1}, "provisioning_timeout", "more than 0 (seconds, or a Slurm"),
         ({"lost_grace": "1m"}, "lost_grace", "'HH:MM:SS'"),
         ({"lost_grace": "never"}, "lost_grace", 'must be "off" (never) or seconds'),
         ({"drain_period": 600, "walltime": "00:05:00"}, "drain_period", "shorter than walltime"),
