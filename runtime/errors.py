@@ -1592,23 +1592,22 @@ def note_command_output(error: BaseException) -> None:
     ``returned non-zero exit status 3``; the note travels with it to the client, whose
     traceback prints it, and the scheduler's text of the error ends with it (the
     dashboard's failure groups, the monitoring database). One whose command's output
-    was not captured at all (``subprocess.run(cmd, check=True)``, or ``stderr=`` a
-    file, as a Parsl ``bash_app`` redirects it: both ``stderr`` and ``output`` None)
-    gets :data:`NOT_CAPTURED_NOTE` instead, which says where the stderr went and how to
+    was not captured (``subprocess.run(cmd, check=True)``, or ``stderr=`` a file, as a
+    Parsl ``bash_app`` redirects it, or ``stdout=PIPE`` alone with nothing written
+    there: ``stderr`` None and no ``output`` to show) gets :data:`NOT_CAPTURED_NOTE`
+    instead, which says where the stderr went and how to
     have it here. Once per exception; any other exception is left as it is."""
     if not isinstance(error, subprocess.SubprocessError) or command_output(error) is not None:
         return
     note = ""
-    captured = False
     for name in ("stderr", "output"):
-        value = getattr(error, name, None)
-        captured = captured or value is not None
-        text, cut = _tail(value)
+        text, cut = _tail(getattr(error, name, None))
         if text:
             said = f" (its last {MAX_COMMAND_OUTPUT} characters)" if cut else ""
             note = f"{COMMAND_OUTPUT_NOTE}{name}{said}:\n{text}"
             break
-    if not note and not captured and isinstance(error, _COMMAND_ERRORS):
+    # (its stdout captured alone, stdout=PIPE, and blank: its stderr went elsewhere too)
+    if not note and isinstance(error, _COMMAND_ERRORS) and error.stderr is None:
         note = NOT_CAPTURED_NOTE
     if note:
         with contextlib.suppress(Exception):  # (a __notes__ that is not a list)

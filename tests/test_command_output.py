@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pickle
 import subprocess
+import sys
 
 import cloudpickle
+import pytest
 
 from actors.scheduler_records import MAX_ERROR_CHARS, error_record, error_text
 from runtime.errors import (
@@ -106,6 +108,14 @@ def test_a_command_whose_output_was_not_captured_says_so_and_what_to_do() -> Non
         assert error_text(err) == f"{err}\n{NOT_CAPTURED_NOTE}"
     assert NOT_CAPTURED_NOTE.startswith("the command's stderr was not captured: ")
     assert "capture_output=True" in NOT_CAPTURED_NOTE
+    # Its stdout captured alone (stdout=PIPE, for its result) and blank: its stderr
+    # went to the worker's too. Before, it got no note (its output was not None).
+    run = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        subprocess.run(run, stdout=subprocess.PIPE, check=True, timeout=60)
+    assert (info.value.output, info.value.stderr) == (b"", None)
+    note_command_output(info.value)
+    assert info.value.__notes__ == [NOT_CAPTURED_NOTE]
     quiet = subprocess.SubprocessError("no command's fields")  # not a command's error
     note_command_output(quiet)
     assert not hasattr(quiet, "__notes__")
