@@ -824,8 +824,10 @@ _PARSL_ONLY = {
 def _refuse_dask_only(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
     """:class:`DaskOnlyArgument` for a keyword of dask.distributed's ``submit`` among
     ``kwargs`` that ``func``'s signature does not name (which then gets it, as any other
-    keyword), :class:`ParslOnlyArgument` for a keyword of a Parsl app's call alike. A
-    function whose signature cannot be read gets them."""
+    keyword), :class:`ParslOnlyArgument` for a keyword of a Parsl app's call alike,
+    unless ``func`` takes ``**kwargs`` (a wrapper such as ``sh(cmd, **kw)`` that hands
+    ``stdout=`` on to ``subprocess.run``: it takes them without failing). A function
+    whose signature cannot be read gets them."""
     given = [name for name in (*_DASK_ONLY, *_PARSL_ONLY) if name in kwargs]
     if not given:
         return
@@ -833,12 +835,14 @@ def _refuse_dask_only(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> No
         params = inspect.signature(func).parameters
     except (TypeError, ValueError):
         return
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for name in given:
         param = params.get(name)
         if param is None or param.kind is inspect.Parameter.POSITIONAL_ONLY:
             if name in _DASK_ONLY:
                 raise DaskOnlyArgument(name, funcname(func), _DASK_ONLY[name])
-            raise ParslOnlyArgument(name, funcname(func), _PARSL_ONLY[name])
+            if not takes_any:
+                raise ParslOnlyArgument(name, funcname(func), _PARSL_ONLY[name])
 
 
 class _FuncToken:

@@ -2195,7 +2195,8 @@ class DaskOnlyArgument(CorralError, TypeError):
 class ParslOnlyArgument(CorralError, TypeError):
     """``submit`` or ``map`` got ``name``, a keyword a Parsl app takes (``walltime``,
     ``stdout``, ``stderr``, ``inputs``, ``outputs``, ``parsl_resource_specification``),
-    for a function whose signature does not name it: Corral says so at the call, with
+    for a function whose signature does not name it and that takes no ``**kwargs``:
+    Corral says so at the call, with
     what to use instead (``instead``), where passing it on would fail the task on its
     worker with ``TypeError: f() got an unexpected keyword argument``. Also a
     ``TypeError``, what such a call raises."""

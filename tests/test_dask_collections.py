@@ -104,6 +104,14 @@ def run_step(x: int, inputs: Any = None) -> tuple[int, Any]:
     return x, inputs
 
 
+def step(x: int) -> int:
+    return x
+
+
+def wrapper(x: int, **kw: Any) -> tuple[int, dict[str, Any]]:
+    return x, kw
+
+
 @pytest.mark.anyio
 async def test_parsl_app_keywords_are_refused_unless_the_function_takes_them() -> None:
     """A user audit (parsl): a workflow converted from Parsl that kept an app call's
@@ -114,9 +122,9 @@ async def test_parsl_app_keywords_are_refused_unless_the_function_takes_them() -
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
             with pytest.raises(ParslOnlyArgument, match=r"walltime= .* timeout= here") as info:
-                cluster.submit(inc, 1, walltime=60)
+                cluster.submit(step, 1, walltime=60)
             assert isinstance(info.value, TypeError)
-            assert (info.value.name, info.value.func) == ("walltime", "inc")
+            assert (info.value.name, info.value.func) == ("walltime", "step")
             said = {
                 "stdout": "capture_output=True",
                 "stderr": "check_returncode",
@@ -126,9 +134,14 @@ async def test_parsl_app_keywords_are_refused_unless_the_function_takes_them() -
             }
             for name, instead in said.items():
                 with pytest.raises(ParslOnlyArgument, match=f"{name}= is a keyword of a Parsl"):
-                    cluster.submit(inc, 1, **{name: "x"})  # **kwargs takes no such name
+                    cluster.submit(step, 1, **{name: "x"})
                 with pytest.raises(ParslOnlyArgument, match=instead):
-                    cluster.map(inc, [1, 2], **{name: "x"})
+                    cluster.map(step, [1, 2], **{name: "x"})
             # a function whose signature names it gets it, as any other keyword
             assert await cluster.submit(run_step, 1, inputs=["a"]) == (1, ["a"])
             assert await cluster.gather(cluster.map(run_step, [2], inputs="b")) == [(2, "b")]
+            # and one that takes **kwargs (a wrapper handing them on, a review)
+            assert await cluster.submit(wrapper, 1, stdout=-1) == (1, {"stdout": -1})
+            assert await cluster.gather(cluster.map(wrapper, [2], walltime=5)) == [
+                (2, {"walltime": 5})
+            ]
