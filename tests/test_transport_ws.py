@@ -19,7 +19,7 @@ import pickle
 import ssl
 import struct
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1252,34 +1252,77 @@ async def test_a_connection_cut_off_in_its_handshake_says_the_listener_closed_it
     )
 
 
+async def _wss_connect_refused_by(
+    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]], connect_timeout: float
+) -> tuple[str, str]:
+    """The address and the ``ConnectFailed`` text of a wss:// connect to a TCP listener
+    whose connections ``handler`` serves (no TLS, no HTTP), given ``connect_timeout``."""
+    _, client_ctx, _ = tls_contexts()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    uri = f"wss://127.0.0.1:{port}/"
+    with anyio.fail_after(TIMEOUT):
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, handler)
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(uri, timeout=connect_timeout, ssl_context=client_ctx)
+            tg.cancel_scope.cancel()
+    return uri, str(info.value)
+
+
 async def test_a_wss_connection_closed_before_tls_says_so_and_names_a_tunnel() -> None:
     """A wss:// connect to a port that takes the TCP connection and closes it before
     the TLS handshake, as an SSH tunnel (ssh -L) does whose far end is refused (the
     manager down): the error says the listener closed it during the TLS handshake and
     names the tunnel, not "nothing accepted the connection (Cannot connect to host ...
     ssl:<ssl.SSLContext object at 0x...> [None])" (multi audit, finding 1)."""
-    _, client_ctx, _ = tls_contexts()
 
     async def close_at_once(stream: anyio.abc.SocketStream) -> None:
         await stream.aclose()
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    uri = f"wss://127.0.0.1:{port}/"
-    with anyio.fail_after(TIMEOUT):
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, close_at_once)
-            with pytest.raises(ConnectFailed) as info:
-                await transport.connect(uri, timeout=5, ssl_context=client_ctx)
-            tg.cancel_scope.cancel()
-    assert str(info.value) == (
+    uri, text = await _wss_connect_refused_by(close_at_once, 5)
+    assert text == (
         f"could not connect to {uri}: the listener closed the connection during the TLS "
         f"handshake. {CUT_OFF_HINT}"
     )
     assert "an SSH tunnel (ssh -L) or a proxy does it when its far side cannot reach" in (
         CUT_OFF_HINT
     )
-    assert "SSLContext object" not in str(info.value)
+    assert "SSLContext object" not in text
+
+
+async def test_a_wss_listener_that_never_answers_tls_says_so_not_that_it_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wss:// connect to a port that takes the TCP connection and never answers the
+    TLS hello (a manager stopped with SIGSTOP: its kernel accepts, its process does not
+    read), with a connect timeout longer than asyncio's own limit on a TLS handshake
+    (60 s; a worker waiting for a stalled manager tries for 300 s): asyncio aborts it,
+    and the error said "the listener closed the connection during the TLS handshake"
+    with the SSH tunnel's hint. It says that the listener did not answer within that
+    limit. Scaled down: a limit of 1 s."""
+    import asyncio.constants
+
+    monkeypatch.setattr(asyncio.constants, "SSL_HANDSHAKE_TIMEOUT", 1.0)
+    held: list[anyio.abc.SocketStream] = []
+
+    async def never_answer(stream: anyio.abc.SocketStream) -> None:
+        held.append(stream)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    uri, text = await _wss_connect_refused_by(never_answer, TIMEOUT)
+    assert held  # it took the TCP connection
+    assert text.startswith(
+        f"could not connect to {uri}: the listener took the TCP connection but did not "
+        f"answer the TLS handshake within 1 s (asyncio's limit on a TLS handshake). "
+    ), text
+    assert "a manager whose process is stopped (SIGSTOP, a suspended job)" in text
+    assert "A longer connect timeout does not lengthen a TLS handshake" in text
+    assert "closed" not in text and "SSH tunnel" not in text, text
 
 
 async def test_a_connect_timeout_says_how_to_give_it_longer(

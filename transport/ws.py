@@ -75,6 +75,7 @@ SHA-256 digests, against every configured token.
 from __future__ import annotations
 
 import asyncio
+import asyncio.constants
 import contextlib
 import errno
 import functools
@@ -2097,6 +2098,15 @@ CUT_OFF_HINT: Final = (
 )
 
 
+#: why a listener takes a connection and does not answer its TLS handshake
+TLS_STALLED_HINT: Final = (
+    "Something listens there (it took the TCP connection) but does not answer: a manager "
+    "whose process is stopped (SIGSTOP, a suspended job) or whose event loop is blocked, "
+    "or a network that drops packets once connected. A longer connect timeout does not "
+    "lengthen a TLS handshake past this limit; retrying does wait on."
+)
+
+
 def _cut_off(uri: str, code: int) -> ConnectFailed:
     return ConnectFailed(
         uri,
@@ -2176,6 +2186,18 @@ def _connect_error(
         why = os.strerror(code) if code else exc.strerror or str(exc)
         if code in _CUT_OFF:  # (in the TLS handshake)
             return _cut_off(uri, code)
+        if code is None and isinstance(exc.os_error, ConnectionAbortedError):
+            # asyncio's own limit on a TLS handshake (SSL_HANDSHAKE_TIMEOUT, 60 s), which
+            # a longer connect timeout does not lift: the listener took the TCP
+            # connection and never answered the TLS hello (a manager stopped or its loop
+            # blocked), this side gave up; nothing closed it (review of the multi audit)
+            return ConnectFailed(
+                uri,
+                f"the listener took the TCP connection but did not answer the TLS handshake "
+                f"within {asyncio.constants.SSL_HANDSHAKE_TIMEOUT:g} s (asyncio's limit on a "
+                "TLS handshake)",
+                TLS_STALLED_HINT,
+            )
         if code is None and isinstance(exc.os_error, ConnectionError):
             # The TCP connection was taken, then closed before TLS could start (asyncio's
             # "Connection lost", no errno): an SSH tunnel whose far end is refused does
