@@ -4156,7 +4156,15 @@ def _check_served_certificate(host: str | None, listen_options: Mapping[str, Any
     if server is None:
         return
     if host is None:
-        client = tls.own_certificate_verifier()
+        try:
+            client = tls.own_certificate_verifier()
+        except ValueError as exc:  # its --tls-ca: it listens anyway, as it did before
+            _log.warning(
+                "cannot check this manager's certificate: its CA file (--tls-ca) is not "
+                "usable, nor by the workers it starts, which inherit it",
+                error=str(exc),
+            )
+            return
         if client is None:  # an ssl_context from code: its files are not known
             return
         event = (

@@ -133,6 +133,31 @@ def test_a_manager_warns_as_it_listens_when_its_certificate_has_expired(
     assert not any(said in line for line in rest), rest
 
 
+def test_a_manager_with_an_unusable_tls_ca_listens_and_says_which_file(
+    tmp_path: Path,
+) -> None:
+    """A manager given a --tls-ca it cannot use (a path mistyped, a file that is not
+    PEM) listened before it checked its own certificate; with that check it exited 1 at
+    once with ``error: FileNotFoundError: [Errno 2] No such file or directory`` or
+    ``error: SSLError: [X509: NO_CERTIFICATE_OR_CRL_FOUND] ...``, naming no file. It
+    listens, and warns which file and what to give."""
+    cert, key = _pem(tmp_path)
+    not_pem = tmp_path / "not-pem.txt"
+    not_pem.write_text("not a certificate\n")
+    said = "cannot check this manager's certificate: its CA file (--tls-ca) is not usable"
+    with Cli(tmp_path / "home") as cli:
+        for ca in (str(tmp_path / "missing.pem"), str(not_pem)):
+            proc = cli.start(
+                "manager", "--listen", "wss://127.0.0.1:0", "--tls-cert", cert,
+                "--tls-key", key, "--tls-ca", ca, "--no-monitoring",
+            )  # fmt: skip
+            line = cli.line_with(proc, said, LIMIT)  # (logged before it prints its address)
+            assert f"CORRAL_TLS_CA={ca!r}: not a file of CA certificates" in line, line
+            assert "give a PEM file (--tls-ca)" in line, line
+            cli.line_with(proc, "manager listening on wss://127.0.0.1:", LIMIT)
+            cli.stop([proc])
+
+
 def test_a_console_takes_tls_ca_before_or_after_the_address(tmp_path: Path) -> None:
     """``console --tls-ca FILE`` is the worker's flag: the console verifies a ``wss://``
     manager by FILE, given before the address or after it (where the console's options

@@ -104,15 +104,22 @@ def client_context() -> ssl.SSLContext | None:
     stamp = _stamp(((ca, TLS_CA_ENV),))
     ctx = _loaded.get(("client", paths, stamp))
     if ctx is None:
-        try:
-            ctx = ssl.create_default_context(cafile=ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(
-                f"{TLS_CA_ENV}={ca!r}: not a file of CA certificates ({exc}); give a PEM "
-                "file (--tls-ca)"
-            ) from None
+        ctx = _trusting(ca)
         _loaded[("client", paths, stamp)] = ctx
     return ctx
+
+
+def _trusting(ca: str) -> ssl.SSLContext:
+    """A new context that verifies servers against the CA certificates in ``ca`` (the
+    file of ``CORRAL_TLS_CA``); :class:`ValueError` naming it when it cannot be read or
+    holds none."""
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"{TLS_CA_ENV}={ca!r}: not a file of CA certificates ({exc}); give a PEM "
+            "file (--tls-ca)"
+        ) from None
 
 
 def certificate_hint(code: int, host: str) -> str:
@@ -155,11 +162,13 @@ def own_certificate_verifier() -> ssl.SSLContext | None:
     dial it by any name its certificate carries): its chain against ``CORRAL_TLS_CA``
     when that is set (a manager given ``--tls-ca`` and a certificate it does not sign
     is most likely a mistake of files), else against the certificate itself, so that
-    only its dates are checked. None without ``CORRAL_TLS_CERT``."""
+    only its dates are checked. None without ``CORRAL_TLS_CERT``; :class:`ValueError`
+    naming ``CORRAL_TLS_CA`` when its file cannot be read or holds no certificate."""
     cert = os.environ.get(TLS_CERT_ENV)
     if not cert:
         return None
-    verifier = ssl.create_default_context(cafile=os.environ.get(TLS_CA_ENV) or cert)
+    ca = os.environ.get(TLS_CA_ENV)
+    verifier = _trusting(ca) if ca else ssl.create_default_context(cafile=cert)
     verifier.check_hostname = False
     verifier.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf may be the anchor
     return verifier
