@@ -4152,10 +4152,13 @@ def _check_served_certificate(host: str | None, listen_options: Mapping[str, Any
 
     from transport import tls
 
-    server = listen_options.get("ssl_context") or tls.server_context()
+    from_code = listen_options.get("ssl_context")
+    server = from_code or tls.server_context()
     if server is None:
         return
     if host is None:
+        if from_code is not None:  # its files are not known (not CORRAL_TLS_CERT's)
+            return
         try:
             client = tls.own_certificate_verifier()
         except ValueError as exc:  # its --tls-ca: it listens anyway, as it did before
@@ -4165,7 +4168,7 @@ def _check_served_certificate(host: str | None, listen_options: Mapping[str, Any
                 error=str(exc),
             )
             return
-        if client is None:  # an ssl_context from code: its files are not known
+        if client is None:  # (no CORRAL_TLS_CERT: not served from a file)
             return
         event = (
             "clients, workers and consoles would refuse this manager's certificate: none of "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import pickle
 import ssl
@@ -1005,6 +1006,38 @@ def test_a_listeners_own_certificate_is_checked_for_its_dates_and_its_ca(
         "expired": "certificate has expired",
         "other-ca": "self-signed certificate",
     }
+
+
+def test_a_manager_serving_an_ssl_context_from_code_is_not_checked_against_the_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager listening with an ``ssl_context`` from code (``run_manager(
+    listen_options={"ssl_context": ...})``) serves that context's certificate, whose
+    files it does not know: it checks nothing. With ``CORRAL_TLS_CERT`` also set in its
+    environment (another certificate), it verified the certificate it served against
+    that one and warned falsely that every client would refuse it (``self-signed
+    certificate``). Its own certificate from the environment, expired, still warns."""
+    from runtime.node import _check_served_certificate
+    from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
+    def pem_file(name: str, names: tuple[str, ...], *, expired: bool = False) -> Path:
+        cert_pem, key_pem = self_signed_pem(names, expired=expired)
+        (tmp_path / name).write_bytes(cert_pem + key_pem)
+        return tmp_path / name
+
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(pem_file("served.pem", ("127.0.0.1",)))
+    monkeypatch.delenv(TLS_KEY_ENV, raising=False)
+    monkeypatch.delenv(TLS_CA_ENV, raising=False)
+    said = "would refuse this manager's certificate"
+    with log_lines("corral.node", logging.WARNING) as logged:
+        monkeypatch.setenv(TLS_CERT_ENV, str(pem_file("env.pem", ("127.0.0.3",))))
+        _check_served_certificate(None, {"ssl_context": served})
+        from_code = list(logged.lines)
+        monkeypatch.setenv(TLS_CERT_ENV, str(pem_file("old.pem", ("127.0.0.1",), expired=True)))
+        _check_served_certificate(None, {})
+    assert not from_code, from_code
+    assert logged.has(said, "certificate has expired"), logged.lines
 
 
 # ----------------------------------------------------------------------------- options
