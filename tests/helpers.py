@@ -450,19 +450,39 @@ def self_signed_pem(
     127.0.0.1 and localhost), valid for a day from five minutes ago (``expired``: it
     ended a day ago), and its key, PEM (its own CA: a client trusts it by loading it as
     one)."""
+    return _certificate_pem(names, expired, None)
+
+
+@functools.cache
+def ca_signed_pem(names: tuple[str, ...], issuer: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+    """A certificate for ``names`` signed by ``issuer`` (its certificate and key, PEM,
+    as :func:`self_signed_pem` or this gives them; it may sign others in turn), valid
+    for a day from five minutes ago, and its key, PEM: chains of CAs."""
+    return _certificate_pem(names, False, issuer)
+
+
+def _certificate_pem(
+    names: tuple[str, ...], expired: bool, issuer: tuple[bytes, bytes] | None
+) -> tuple[bytes, bytes]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test")])
+    common = "corral test" if issuer is None else f"corral test {names[0]}"
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    signer, issuer_name = key, name
+    if issuer is not None:
+        issuer_key = serialization.load_pem_private_key(issuer[1], None)
+        assert isinstance(issuer_key, ec.EllipticCurvePrivateKey)
+        signer, issuer_name = issuer_key, x509.load_pem_x509_certificate(issuer[0]).subject
     now = datetime.datetime.now(datetime.UTC)
     public = key.public_key()
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(name)
+        .issuer_name(issuer_name)
         .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=2 if expired else 0, minutes=5))
@@ -470,8 +490,11 @@ def self_signed_pem(
         .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()),
+            critical=False,
+        )
+        .sign(signer, hashes.SHA256())
     )
     key_pem = key.private_bytes(
         serialization.Encoding.PEM,

@@ -35,7 +35,7 @@ import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CHECK_LISTENER, CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
-from tests.helpers import free_port_between, log_lines, self_signed_pem, wait_until
+from tests.helpers import ca_signed_pem, free_port_between, log_lines, self_signed_pem, wait_until
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -1006,6 +1006,45 @@ def test_a_listeners_own_certificate_is_checked_for_its_dates_and_its_ca(
         "expired": "certificate has expired",
         "other-ca": "self-signed certificate",
     }
+
+
+def test_a_listeners_own_certificate_is_checked_as_a_client_of_its_tls_ca_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a CA file (--tls-ca), a manager verifies its certificate's chain as its
+    workers and consoles given that file do: a leaf whose CA file holds only the
+    intermediate that signed it, not the root, is refused by them (Python before 3.13:
+    ``unable to get issuer certificate``), and the manager said nothing, since its own
+    check took a partial chain (for a certificate that is its own anchor, with no CA
+    file). Both give the same verdict; the root in the CA file passes both."""
+    from transport.tls import (
+        TLS_CA_ENV,
+        TLS_CERT_ENV,
+        TLS_KEY_ENV,
+        client_context,
+        own_certificate_verifier,
+    )
+
+    root = self_signed_pem(("corral-root.example",))
+    inter = ca_signed_pem(("corral-intermediate.example",), root)
+    leaf = ca_signed_pem(("127.0.0.1",), inter)
+    (tmp_path / "leaf.pem").write_bytes(leaf[0] + inter[0] + leaf[1])  # (its chain)
+    (tmp_path / "intermediate.pem").write_bytes(inter[0])
+    (tmp_path / "root.pem").write_bytes(root[0])
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(tmp_path / "leaf.pem")
+    monkeypatch.delenv(TLS_KEY_ENV, raising=False)
+    monkeypatch.setenv(TLS_CERT_ENV, str(tmp_path / "leaf.pem"))
+    verdicts = {}
+    for ca in ("intermediate.pem", "root.pem"):
+        monkeypatch.setenv(TLS_CA_ENV, str(tmp_path / ca))
+        verifier, client = own_certificate_verifier(), client_context()
+        assert verifier is not None and client is not None
+        own = refused_certificate(served, verifier, None)
+        theirs = refused_certificate(served, client, "127.0.0.1")
+        verdicts[ca] = tuple(None if r is None else r.verify_message for r in (own, theirs))
+    assert verdicts["intermediate.pem"][0] == verdicts["intermediate.pem"][1], verdicts
+    assert verdicts["root.pem"] == (None, None), verdicts
 
 
 def test_a_manager_serving_an_ssl_context_from_code_is_not_checked_against_the_env(

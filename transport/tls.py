@@ -168,9 +168,12 @@ def own_certificate_verifier() -> ssl.SSLContext | None:
     if not cert:
         return None
     ca = os.environ.get(TLS_CA_ENV)
-    verifier = _trusting(ca) if ca else ssl.create_default_context(cafile=cert)
+    if ca:  # as its clients given that file verify: a partial chain only if theirs take one
+        verifier = _trusting(ca)
+    else:
+        verifier = ssl.create_default_context(cafile=cert)
+        verifier.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
     verifier.check_hostname = False
-    verifier.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf may be the anchor
     return verifier
 
 
