@@ -6527,10 +6527,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             if ws.leaving:
                 assert ws.draining, (ws, "leaving but given tasks")
             elif ws.draining:
-                # retired once it runs nothing and keeps no output only it holds that
-                # something needs (those are copied off first: ``_retire_idle``)
-                if ws.processing:
-                    assert not ws.retired, (ws, "retired while it runs tasks")
+                # retired once it runs nothing, keeps no output only it holds that
+                # something needs (those are copied off first: ``_retire_idle``) and no
+                # leaving worker's plan copies to it (a keeper: ``_keepers``)
+                if ws.processing or self.evac_planned.get(wid):
+                    assert not ws.retired, (ws, "retired while it runs tasks or copies come")
                 else:
                     assert ws.retired or ws.keeping, (ws, "draining but not retired")
             else:

@@ -874,3 +874,31 @@ async def test_a_preempted_workers_output_waits_on_a_drained_worker_for_the_next
             value = await x
             assert value.shape == (2**20,) and value[-1] == 2**20 - 1
         assert log.read_text() == "ran\n"  # computed once: the copies were used
+
+
+def test_a_keeper_that_ends_its_last_task_while_copies_come_is_kept_and_consistent(
+    make_state: Factory,
+) -> None:
+    """The drained keeper finishes its last task before the leaving worker says which
+    copies it made: it runs nothing, keeps nothing yet, and is not retired (copies
+    come to it), a state the invariants allow (before, ``validate`` failed on it:
+    'draining but not retired'); once the copy lands it keeps it, and retires once
+    the output goes to a worker that joins."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    join(s, "b", memory=1000, pool="reg")
+    submit(s, {"y": []}, ["y"], pool="reg")
+    run(s, event(WorkerDraining, worker="b"))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "b", 300),))]
+    out = finish(s, "b", "y", nbytes=10)
+    assert of(out, RetireWorker) == [] and not s.workers["b"].retired
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", "b"),)))
+    assert s.tasks["x"].who_has == {"b"} and of(out, RetireWorker) == []
+    assert s.workers["b"].keeping == {s.tasks["x"], s.tasks["y"]}
+    out = join(s, "c", memory=1000, pool="reg")
+    kept = ("x", "y")
+    assert [(t, src) for t, src, _ in copies(out)] == [("c", "b"), ("c", "b")]
+    out = run(s, event(ReplicasCopied, worker="c", asked=kept, got=kept))
+    assert [r.worker for r in of(out, RetireWorker)] == ["b"]
+    assert s.storage.recoveries == {}
