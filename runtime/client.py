@@ -3420,7 +3420,7 @@ class Cluster:
         else:
             # Checked before any Future holds a key (and here, not after pickling the
             # graph off to a remote manager): GraphError saying what each must be.
-            reject_collection(graph)
+            reject_collection(graph, values=True)
             inputs = await self._inputs_of(graph)
         check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
@@ -3574,7 +3574,7 @@ class Cluster:
                 f"compute takes dask collections, compute(x, ...), or a graph and its "
                 f"keys, compute(graph, keys); got {len(args)} argument(s) and no collection"
             )
-        reject_collection(graph)  # GraphError for each, before any key is held
+        reject_collection(graph, values=True)  # GraphError for each, before any key is held
         check_shuffle_method(graph)  # with this process's dask config
         inputs = await self._inputs_of(graph)
         return await self._compute(graph, keys, opts, inputs)

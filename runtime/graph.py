@@ -679,13 +679,18 @@ def known_size(graph: object) -> int | None:
     return len(graph)
 
 
-def reject_collection(graph: object) -> None:
+def reject_collection(graph: object, *, values: bool = False) -> None:
     """Raise :class:`GraphError` for anything given where a graph belongs that is not
     one: a mapping (a dict, a ``HighLevelGraph``) or a dask expression. A dask
     collection (an array, a dataframe, a ``Delayed``, an xarray ``Dataset``, which is a
     mapping too: anything with ``__dask_graph__`` but an expression) gets its own
     message. Check it before anything else looks at the graph: ``len()`` of a 0-d array
-    or a ``Delayed`` raises ``TypeError``, and ``len()`` of a dataframe computes it."""
+    or a ``Delayed`` raises ``TypeError``, and ``len()`` of a dataframe computes it.
+
+    ``values`` (a client's graph and keys): also a plain dict one of whose values is a
+    dask collection, a dict of collections given with keys (``compute({"a": x.sum()},
+    "a")``): read as a graph, the collection was taken for a literal, and the answer was
+    the collection itself, not its value. One look at each value, no deeper."""
     if isinstance(graph, Expr):
         return
     if hasattr(graph, "__dask_graph__"):
@@ -695,12 +700,28 @@ def reject_collection(graph: object) -> None:
             "or call dask.compute(x, scheduler=get)"
         )
     if isinstance(graph, Mapping):
+        if values and type(graph) in (dict, OrderedDict):
+            _reject_collection_values(graph)
         return
     raise GraphError(
         f"got {type(graph).__name__} {short_repr(graph)} as a graph; a graph is a dict of "
         "keys to tasks, e.g. {'a': 1, 'b': (inc, 'a')}, a HighLevelGraph or a dask "
         "expression (for a dask collection x, x.__dask_graph__())"
     )
+
+
+def _reject_collection_values(graph: Mapping[Any, Any]) -> None:
+    """:func:`reject_collection`'s ``values``: a :class:`GraphError` naming the first
+    key of ``graph`` whose value is a dask collection."""
+    for key, value in graph.items():
+        if not isinstance(value, Expr) and is_dask_collection(value):
+            raise GraphError(
+                f"the graph's value for key {key!r} is a dask collection "
+                f"({type(value).__name__}), not a task: a dict of collections is computed "
+                "alone, compute({'a': x.sum(), ...}), and gives a dict of their values; a "
+                "graph and its keys, compute(graph, keys), holds tasks "
+                "(e.g. {'a': 1, 'b': (inc, 'a')})"
+            )
 
 
 def _looked_into(obj: object, in_dicts: bool) -> Iterable[object] | None:

@@ -366,6 +366,28 @@ async def test_a_dask_collection_with_keys_is_refused_and_alone_is_computed() ->
                 assert len(got) == len(keys), name
 
 
+@pytest.mark.anyio
+async def test_a_dict_of_collections_given_with_keys_is_refused_not_returned_uncomputed() -> None:
+    """``compute({"a": x.sum()}, "a")``: a dict of collections with keys is no graph (a
+    graph holds tasks). Read as one, its collection was a literal and came back
+    itself, a dask array, not its value; now a GraphError says to give the dict
+    alone, which gives a dict of values. submit_graph alike; a graph's own tasks
+    stand."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for name, make in COLLECTIONS.items():
+                x = make()
+                for keys in ("a", ["a"], 3):
+                    with pytest.raises(GraphError, match="value for key 'a' is a dask coll"):
+                        await cluster.compute({"a": x}, keys)
+                with pytest.raises(GraphError, match="a dict of collections is computed"):
+                    await cluster.submit_graph({"b": 1, "a": x}, ["a"])
+                (expected,) = dask.compute(x, scheduler="sync")
+                got = await cluster.compute({"a": x})
+                assert got.keys() == {"a"} and _same(got["a"], expected), name
+            assert await cluster.compute({"a": 1, "b": (operator.add, "a", 2)}, "b") == 3
+
+
 def _same(got: object, expected: object) -> bool:
     """Whether a computed value is dask's (arrays compared by value)."""
     if isinstance(expected, np.ndarray | np.generic):
