@@ -3765,8 +3765,12 @@ async def run_worker(
                 await read_token()
                 conn = await connect(address, timeout=patience, **connect_options)
                 try:
-                    await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
-                    with anyio.fail_after(DEAD_AFTER):
+                    # From its Hello on, the manager may take the worker in: its answer
+                    # is read whatever comes meanwhile (a stop signal cancels the join:
+                    # the worker then leaves in order, its WorkerGone told, where cut
+                    # short here the manager saw its connection drop).
+                    with anyio.CancelScope(shield=True), anyio.fail_after(DEAD_AFTER):
+                        await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
                         answer = (await conn.receive()).msg
                 except (TimeoutError, ConnectionClosed) as exc:
                     await conn.aclose()
