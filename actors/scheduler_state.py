@@ -2606,12 +2606,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         in its memory, or, spilling, on its disk) that will then hold the fewest bytes;
         one that fits no survivor is computed again instead, as a lost output is. Each
         move is planned (``evac_planned``) until ``ws`` says which copies it made."""
-        targets = self._survivors(*going) or self._keepers(*going)
+        survivors = self._survivors(*going)
+        targets = survivors or self._keepers(*going)
         if not targets:
             return ()
         room = self._room_counts(targets)
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
+            if not survivors and self._on_keepers(ts, targets):
+                continue  # a keeper holds it, or another leaving holder copies it to one
             fits = [w for w in targets if w.id not in ts.who_has and room.fits(w, ts)]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
@@ -2658,6 +2661,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             and w.away is None
             and (w.block, w.pool) not in blocks
         ]
+
+    def _on_keepers(self, ts: TaskState, keepers: list[WorkerState]) -> bool:
+        """Whether one of ``keepers`` (:meth:`_keepers`) holds ``ts``'s output or has a
+        copy of it coming (a leaving holder's plan, ``evac_planned``): it stays there
+        (a drained holder keeps what it alone holds, :meth:`_keeps`), and a second
+        copy would take a leaving worker's grace for nothing (two workers of a
+        preempted block, each holding it, copied it both)."""
+        return any(w.id in ts.who_has or ts.key in self.evac_planned.get(w.id, ()) for w in keepers)
 
     def _only_leaving_hold(self, ts: TaskState) -> bool:
         """``ts``'s output is still needed (a client holds it, a task will read it) and

@@ -902,3 +902,35 @@ def test_a_keeper_that_ends_its_last_task_while_copies_come_is_kept_and_consiste
     out = run(s, event(ReplicasCopied, worker="c", asked=kept, got=kept))
     assert [r.worker for r in of(out, RetireWorker)] == ["b"]
     assert s.storage.recoveries == {}
+
+
+def test_an_output_a_keeper_holds_or_has_coming_is_not_copied_to_keepers_again(
+    make_state: Factory,
+) -> None:
+    """With no worker taking new work, an output is copied once to the drained
+    keepers: two workers of a preempted block each hold x; the first to say it leaves
+    copies it to keeper b, the second copies only what it alone holds (before, x went
+    to b twice within the grace). And an output a keeper holds already goes to no
+    other keeper (before, with two keepers, to the other one)."""
+    s = make_state(saturation=1.0)
+    joined(s, "a", "B1", pool="pre")
+    submit(s, {"x": []}, ["x"], pool="pre")
+    finish(s, "a", "x", nbytes=300)
+    join(s, "b", cores=2, memory=1000, pool="reg")
+    join(s, "c", memory=1000, pool="reg")
+    submit(s, {"w": []}, ["w"], pool="pre")  # (a is busy: z runs on a2)
+    joined(s, "a2", "B1", pool="pre")
+    submit(s, {"z": ["x"], "v": []}, ["z", "v"], pool="pre")
+    assert (s.tasks["z"].worker, s.tasks["w"].worker) == ("a2", "a")
+    finish(s, "a2", "z", fetched=("x",), nbytes=100)
+    submit(s, {"u": ["z"], "t": [], "y": []}, ["u", "t", "y"], pool="reg")
+    assert {k: s.tasks[k].worker for k in "uty"} == {"u": "b", "t": "c", "y": "b"}
+    finish(s, "b", "u", fetched=("z",))  # b read z: holds it too, and runs on
+    assert s.tasks["z"].who_has == {"a2", "b"}
+    for w in ("b", "c"):
+        run(s, event(WorkerDraining, worker=w))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    assert [(key, target) for key, target, _ in plan.moves] in ([("x", "b")], [("x", "c")])
+    out = run(s, event(WorkerLeaving, worker="a2", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a2", ())]
