@@ -1989,8 +1989,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._records.append(("left", ws.id, ev.cause, end))
         if self.checkpoint_workers:  # before its tasks are sent again: what survived
             self._checkpoints_lost(ws.id)
-        # Its plan's copies are made or not, as it says: none is on its way any more.
-        self.evac_planned.pop(ws.id, None)
+        # Copies a leaving worker's plan sent to it go to a worker that stays instead,
+        # as when it says it leaves (a keeper, say, killed at its walltime): its source
+        # still holds them. Its own plan's copies are made or not, as it says: none is
+        # on its way any more.
+        self._redirect_planned(ws)
         unmade: list[Key] = []  # planned by it: made, or left to the other holders
         for planned in self.evac_planned.values():
             for key in [k for k, source in planned.items() if source == ws.id]:

@@ -458,12 +458,12 @@ def test_the_core_plans_no_copy_onto_a_worker_of_the_leaving_workers_block(
     out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
     ((plan,),) = [of(out, Evacuate)]
     assert plan.worker == "a" and plan.moves == (("x", "b", 100),)
-    # b and c go (another pool's block of the same name is no sibling: c is a target).
-    run(s, event(WorkerLeft, worker="b", cause="preempted"))
-    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
-    ((plan,),) = [of(out, Evacuate)]
-    assert plan.moves == (("x", "c", 100),)
-    run(s, event(WorkerLeft, worker="c", cause="preempted"))
+    # b and c go (another pool's block of the same name is no sibling: c is a target;
+    # the copy planned onto b goes there when b is lost, more of a's plan).
+    out = run(s, event(WorkerLeft, worker="b", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 100),))]
+    out = run(s, event(WorkerLeft, worker="c", cause="preempted"))
+    assert of(out, Evacuate) == []  # (not onto a2, a's sibling)
     # Only the sibling is left: no plan (x is computed again if a goes), as with none.
     out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", ())]
@@ -934,3 +934,29 @@ def test_an_output_a_keeper_holds_or_has_coming_is_not_copied_to_keepers_again(
     assert [(key, target) for key, target, _ in plan.moves] in ([("x", "b")], [("x", "c")])
     out = run(s, event(WorkerLeaving, worker="a2", cause="preempted"))
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a2", ())]
+
+
+def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
+    make_state: Factory,
+) -> None:
+    """The keeper a preempted worker copies x to is killed at its walltime (no Leaving
+    of its own) while the copy is on its way: the leaving worker, which still holds x,
+    copies it to the other keeper (more of its plan), and x is not computed again
+    (before: no new plan, x lost with the preempted worker and run again)."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    join(s, "b", memory=1000, pool="reg")
+    join(s, "c", memory=1000, pool="reg")
+    submit(s, {"y": [], "t": []}, ["y", "t"], pool="reg")
+    assert {s.tasks["y"].worker, s.tasks["t"].worker} == {"b", "c"}
+    for w in ("b", "c"):
+        run(s, event(WorkerDraining, worker=w))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    [(_, first, _)] = plan.moves
+    other = ({"b", "c"} - {first}).pop()
+    out = run(s, event(WorkerLeft, worker=first, cause="walltime"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", other, 300),))]
+    run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", other),)))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {other}
+    assert s.storage.recoveries == {}
