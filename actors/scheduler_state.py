@@ -51,7 +51,8 @@ worker that leaves loses nothing, so its going spares no recompute. A worker tha
 leaves copies each needed output it holds, its own or fetched, that no worker that stays
 holds and no other leaving holder's plan copies (``_to_evacuate``: several workers
 stopped together copy an output they all hold once); one that goes without a planned
-copy has it asked of another leaving holder (``_evacuate_unmade``). A copy goes only
+copy has it asked of another leaving holder (``_evacuate_unmade``), as is an output a
+worker lost (a survivor or keeper a copy landed on) held with leaving workers only. A copy goes only
 to a worker whose memory limit less its memory now and the copies coming to it (on
 their way, or planned by any leaving worker) has room for it, or, one that spills (and
 no spill of it was refused lately) with disk room for it, whose memory has room for it
@@ -2060,8 +2061,13 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ws.waiting.clear()
         ws.began.clear()
         ws.n_producers = 0
+        stranded: list[Key] = []  # held now only by workers that leave
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
+            if self._only_leaving_hold(ts):
+                # Its other holders all leave (one left it to a copy that landed here, a
+                # survivor or keeper lost with it): one of them copies it on instead.
+                stranded.append(ts.key)
             self._files[ts.key] = ts
             self.copy_failed.pop(ts, None)  # they may have failed for want of this source
             if ts in self.replicas:
@@ -2081,8 +2087,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._ready_since(lost, end)
         for ts, to in onward:
             self._pass_on(ts, to, ws)
-        if unmade:
-            self._evacuate_unmade(unmade)
+        if unmade or stranded:
+            self._evacuate_unmade(list(dict.fromkeys([*unmade, *stranded])))
 
     def _ready_since(self, tasks: list[TaskState], at: float) -> None:
         """Of ``tasks``, those queued now (in this event) became ready at ``at``: a
@@ -2711,15 +2717,20 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         or it died first): each of those outputs still needed and held only by other
         leaving workers (which left it to that plan: :meth:`_to_evacuate`) is copied to
         a survivor by one of them, more of its plan. One whose copies are over ignores
-        it: the output is then computed again once that one goes, as with no copy."""
+        it: the output is then computed again once that one goes, as with no copy.
+        So with a worker lost holding outputs whose other holders all leave (a copy
+        landed on it, and they then copied none)."""
         by_source: dict[str, list[TaskState]] = {}
+        planned: dict[frozenset[tuple[str, str]], set[Key]] = {}  # by the holders' blocks
         for key in keys:
             ts = self.tasks.get(key)
             if ts is None or not self._only_leaving_hold(ts) or self._copy_landing(ts):
                 continue
             holders = sorted(h for h in ts.who_has if h in self.workers)
-            blocks = {(w.block, w.pool) for h in holders if (w := self.workers[h]).block}
-            if holders and key not in self._evacuation_planned(blocks):
+            blocks = frozenset((w.block, w.pool) for h in holders if (w := self.workers[h]).block)
+            if blocks not in planned:
+                planned[blocks] = self._evacuation_planned(set(blocks))
+            if holders and key not in planned[blocks]:
                 by_source.setdefault(holders[0], []).append(ts)
         self._plan_more(by_source)
 

@@ -904,6 +904,19 @@ def test_a_keeper_that_ends_its_last_task_while_copies_come_is_kept_and_consiste
     assert s.storage.recoveries == {}
 
 
+def block_and_two_regulars(s: Any, b_cores: int) -> None:
+    """``a`` of block ``B1`` (pool ``pre``) makes ``x`` (300 bytes, wanted); ``b``
+    (``b_cores``) and ``c`` of pool ``reg`` join; ``a`` runs ``w`` when ``a2``, of
+    ``B1`` too, joins (so the next task of ``pre`` runs on ``a2``)."""
+    joined(s, "a", "B1", pool="pre")
+    submit(s, {"x": []}, ["x"], pool="pre")
+    finish(s, "a", "x", nbytes=300)
+    join(s, "b", cores=b_cores, memory=1000, pool="reg")
+    join(s, "c", memory=1000, pool="reg")
+    submit(s, {"w": []}, ["w"], pool="pre")  # (a is busy: z runs on a2)
+    joined(s, "a2", "B1", pool="pre")
+
+
 def test_an_output_a_keeper_holds_or_has_coming_is_not_copied_to_keepers_again(
     make_state: Factory,
 ) -> None:
@@ -913,13 +926,7 @@ def test_an_output_a_keeper_holds_or_has_coming_is_not_copied_to_keepers_again(
     to b twice within the grace). And an output a keeper holds already goes to no
     other keeper (before, with two keepers, to the other one)."""
     s = make_state(saturation=1.0)
-    joined(s, "a", "B1", pool="pre")
-    submit(s, {"x": []}, ["x"], pool="pre")
-    finish(s, "a", "x", nbytes=300)
-    join(s, "b", cores=2, memory=1000, pool="reg")
-    join(s, "c", memory=1000, pool="reg")
-    submit(s, {"w": []}, ["w"], pool="pre")  # (a is busy: z runs on a2)
-    joined(s, "a2", "B1", pool="pre")
+    block_and_two_regulars(s, b_cores=2)
     submit(s, {"z": ["x"], "v": []}, ["z", "v"], pool="pre")
     assert (s.tasks["z"].worker, s.tasks["w"].worker) == ("a2", "a")
     finish(s, "a2", "z", fetched=("x",), nbytes=100)
@@ -936,6 +943,15 @@ def test_an_output_a_keeper_holds_or_has_coming_is_not_copied_to_keepers_again(
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a2", ())]
 
 
+def keepers_b_and_c(s: Any) -> None:
+    """``b`` and ``c`` (pool ``reg``) each run a task and drain: no worker takes new
+    work, and they are the keepers."""
+    submit(s, {"y": [], "t": []}, ["y", "t"], pool="reg")
+    assert {s.tasks["y"].worker, s.tasks["t"].worker} == {"b", "c"}
+    for w in ("b", "c"):
+        run(s, event(WorkerDraining, worker=w))
+
+
 def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
     make_state: Factory,
 ) -> None:
@@ -947,10 +963,7 @@ def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
     made_on(s, "a", "x", pool="pre")
     join(s, "b", memory=1000, pool="reg")
     join(s, "c", memory=1000, pool="reg")
-    submit(s, {"y": [], "t": []}, ["y", "t"], pool="reg")
-    assert {s.tasks["y"].worker, s.tasks["t"].worker} == {"b", "c"}
-    for w in ("b", "c"):
-        run(s, event(WorkerDraining, worker=w))
+    keepers_b_and_c(s)
     out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
     [plan] = of(out, Evacuate)
     [(_, first, _)] = plan.moves
@@ -960,3 +973,65 @@ def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
     run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", other),)))
     assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {other}
     assert s.storage.recoveries == {}
+
+
+def test_an_output_left_only_on_leaving_workers_by_a_lost_worker_is_copied_on(
+    make_state: Factory,
+) -> None:
+    """``x`` is held by ``a`` and ``b``, both preempted: ``b`` copies it to a survivor
+    (``a`` leaves it to that copy) and goes; that survivor is then killed at its
+    walltime (no Leaving of its own) while ``a``, which still holds ``x``, is in its
+    grace: ``a`` copies ``x`` to the other survivor, and ``x`` is not computed again
+    (before: no new plan, ``x`` lost with ``a`` and run again)."""
+    s = make_state(saturation=1.0)
+    held_on_two(s)
+    joined(s, "d", "block-4", pool="pd")
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", ())]
+    out = run(s, event(WorkerLeaving, worker="b", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    made = tuple((key, target) for key, target, _ in plan.moves)
+    [first] = {target for key, target in made if key == "x"}
+    other = ({"c", "d"} - {first}).pop()
+    run(s, event(WorkerLeft, worker="b", cause="preempted", evacuated=made))
+    x_copied_on_when_its_copy_is_lost(s, "a", first, other, 100)
+
+
+def test_an_output_a_keeper_lost_held_with_leaving_workers_only_goes_to_another(
+    make_state: Factory,
+) -> None:
+    """With no worker taking new work: ``x`` is held by ``a`` and ``a2`` of a
+    preempted block; ``a`` copies it to keeper ``first`` (``a2`` leaves it to that
+    copy: ``_on_keepers``), and goes; ``first`` is then killed at its walltime while
+    ``a2`` is in its grace: ``a2`` copies ``x`` to the other keeper (before: ``x`` lost
+    with ``a2`` and computed again)."""
+    s = make_state(saturation=1.0)
+    block_and_two_regulars(s, b_cores=1)
+    submit(s, {"z": ["x"]}, ["z"], pool="pre")
+    assert (s.tasks["z"].worker, s.tasks["w"].worker) == ("a2", "a")
+    finish(s, "a2", "z", fetched=("x",), nbytes=100)
+    keepers_b_and_c(s)
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    [(key, first, _)] = plan.moves
+    assert key == "x"
+    other = ({"b", "c"} - {first}).pop()
+    out = run(s, event(WorkerLeaving, worker="a2", cause="preempted"))
+    assert [(p.worker, [k for k, _, _ in p.moves]) for p in of(out, Evacuate)] == [("a2", ["z"])]
+    run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", first),)))
+    x_copied_on_when_its_copy_is_lost(s, "a2", first, other, 300)
+
+
+def x_copied_on_when_its_copy_is_lost(
+    s: Any, holder: str, first: str, other: str, nbytes: int
+) -> None:
+    """``x`` is held by leaving ``holder`` and by ``first``, where a copy landed;
+    ``first`` is killed at its walltime (no Leaving of its own): ``holder`` copies ``x``
+    to ``other``, and ``x`` is not computed again (before: no new plan, ``x`` lost
+    with ``holder`` and run again)."""
+    assert s.tasks["x"].who_has == {holder, first}
+    out = run(s, event(WorkerLeft, worker=first, cause="walltime"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [(holder, (("x", other, nbytes),))]
+    run(s, event(WorkerLeft, worker=holder, cause="preempted", evacuated=(("x", other),)))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {other}
+    assert s.storage.recoveries.get("x") is None
