@@ -2614,7 +2614,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         the survivor of ``going`` (:meth:`_survivors`) with room for it (:func:`_has_room`:
         in its memory, or, spilling, on its disk) that will then hold the fewest bytes;
         one that fits no survivor is computed again instead, as a lost output is. Each
-        move is planned (``evac_planned``) until ``ws`` says which copies it made."""
+        move is planned (``evac_planned``) until ``ws`` says which copies it made. None
+        once the run ended (``stopping``: nothing will read them, as in :meth:`_to_evacuate`),
+        more of a plan neither (:meth:`_plan_more`)."""
+        if self.stopping:
+            return ()
         survivors = self._survivors(*going)
         targets = survivors or self._keepers(*going)
         if not targets:

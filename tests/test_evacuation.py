@@ -33,6 +33,7 @@ import pytest
 
 from actors.protocol import ToRun
 from actors.scheduler_events import (
+    ClusterStops,
     Evacuate,
     Execute,
     ReplicasCopied,
@@ -1035,3 +1036,23 @@ def x_copied_on_when_its_copy_is_lost(
     run(s, event(WorkerLeft, worker=holder, cause="preempted", evacuated=(("x", other),)))
     assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {other}
     assert s.storage.recoveries.get("x") is None
+
+
+@pytest.mark.parametrize("lost", ["target", "source"])
+def test_once_the_cluster_stops_no_more_of_a_plan_is_asked(make_state: Factory, lost: str) -> None:
+    """The run ended (``ClusterStops``) while two holders of ``x`` leave, one with a
+    planned copy of it: nothing reads ``x`` any more, so neither the loss of that
+    copy's target nor its source going without it asks the other holder for a copy
+    (before: more of its plan, a copy made within its grace for nothing)."""
+    s = make_state(saturation=1.0)
+    held_on_two(s)
+    joined(s, "d", "block-4", pool="pd")
+    run(s, event(WorkerLeaving, worker="b", cause="preempted"))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    [(key, target, _)] = plan.moves
+    assert key == "x"
+    run(s, event(ClusterStops))
+    gone = target if lost == "target" else "a"
+    out = run(s, event(WorkerLeft, worker=gone, cause="walltime"))
+    assert of(out, Evacuate) == [] and copies(out) == []
