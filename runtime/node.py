@@ -46,6 +46,7 @@ import os
 import secrets
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -3945,9 +3946,13 @@ async def run_worker(
             # programs they started got it too): Worker._not_failed_by_the_stop. Not
             # an earlier run's signal (a program that runs workers one after another).
             STOP_SIGNALLED.clear()
-            await system.start_service(_until_signalled, on_signal)
-            for signum in _stop_signals():
-                signal.signal(signum, note_stop_signal)
+            if threading.current_thread() is threading.main_thread():
+                # (signals reach the main thread only, and only it may set their
+                # handlers: a worker run in another thread, as a program embedding
+                # main() may, is stopped by that program)
+                await system.start_service(_until_signalled, on_signal)
+                for signum in _stop_signals():
+                    signal.signal(signum, note_stop_signal)
             with joining:
                 try:
                     first = await reach(connect_retry, rejoin=False)
