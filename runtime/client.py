@@ -3673,7 +3673,8 @@ class Cluster:
     async def persist(self, *collections: Any, **options: Any) -> Any:
         """Start computing dask collections on the cluster and keep their chunks there:
         ``x = await cluster.persist(x)`` (``persist(x, y)`` gives a tuple, ``persist([x,
-        y])`` a list), as dask.distributed's ``Client.persist``. Returns once the graph
+        y])`` a list, ``persist({"x": x, "y": y})`` a dict under the same names), as
+        dask.distributed's ``Client.persist``. Returns once the graph
         is submitted, not computed: each collection rebuilt on the futures of its own
         keys (dask's ``__dask_postpersist__``), so that what is computed from it later
         (``await cluster.compute(x.sum())``) runs only its new tasks, reading those
@@ -3688,18 +3689,22 @@ class Cluster:
         self._require()
         opts = _submission_options("persist", options)
         shape: type[list[Any]] | type[tuple[Any, ...]] | None = None
+        names: list[Any] | None = None  # a dict of collections: its keys
         items = list(collections)
         if len(collections) == 1 and type(collections[0]) in (list, tuple):
             shape, items = type(collections[0]), list(collections[0])
+        elif len(collections) == 1 and type(collections[0]) is dict:
+            names, items = list(collections[0]), list(collections[0].values())
         for c in items:
             if not is_dask_collection(c):
                 raise TypeError(
                     f"persist takes dask collections (persist(x), persist(x, y), "
-                    f"persist([x, y])), got {type(c).__name__} {short_repr(c)}; for "
-                    "values, scatter(data); for a graph, submit_graph(graph, keys)"
+                    f"persist([x, y]), persist({{'x': x}})), got {type(c).__name__} "
+                    f"{short_repr(c)}; for values, scatter(data); for a graph, "
+                    "submit_graph(graph, keys)"
                 )
         if not items:
-            return shape() if shape else ()
+            return {} if names is not None else shape() if shape else ()
 
         def made() -> tuple[Any, list[Any], list[Future]]:
             with nested_computes_on(self.get):
@@ -3717,6 +3722,8 @@ class Cluster:
         for c, ks in zip(items, keys, strict=True):
             rebuild, args = c.__dask_postpersist__()
             rebuilt.append(rebuild({k: futures[k] for k in flatten(ks)}, *args))
+        if names is not None:
+            return dict(zip(names, rebuilt, strict=True))
         if shape is not None:
             return shape(rebuilt)
         return rebuilt[0] if len(rebuilt) == 1 else tuple(rebuilt)

@@ -108,6 +108,25 @@ async def test_persist_of_several_collections_keeps_their_shape() -> None:
                 await cluster.persist([1, 2])
 
 
+async def test_persist_of_a_dict_of_collections_gives_a_dict() -> None:
+    """An audit: ``compute({"a": x})`` gives a dict, but ``persist({"a": x})`` raised
+    ``TypeError: persist takes dask collections ... got dict``. A dict of collections
+    (one argument, as ``compute`` and ``dask.persist`` take it) now gives a dict of the
+    persisted collections under the same names; a dict holding a value that is no
+    collection is still the TypeError, naming it."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            a, b = chunks("dict-a"), chunks("dict-b") * 2
+            got = await cluster.persist({"a": a, "b": b})
+            assert type(got) is dict and list(got) == ["a", "b"]
+            assert all(isinstance(v, da.Array) for v in got.values())
+            assert await cluster.compute(got["a"].sum() + got["b"].sum()) == 32.0 + 64.0
+            assert RUNS["dict-a"] == RUNS["dict-b"] == 4  # computed once, by the persist
+            assert await cluster.persist({}) == {}
+            with pytest.raises(TypeError, match=r"persist takes dask collections.* got int 1"):
+                await cluster.persist({"a": a, "one": 1})
+
+
 async def test_computing_from_released_persisted_futures_raises_and_runs_nothing() -> None:
     """Documented choice: the persisted collection's graph holds only its futures, so
     once they are released it cannot be remade: CorralError naming the key, nothing run."""
