@@ -804,8 +804,9 @@ class _Run:
         #: MAX_FAILURE_GROUPS_SHOWN): (pool, category, waits, mean s, max s)
         self.waits: list[tuple[str, str, int, float, float]] = []
         #: per client (``tasks.client``): (client, tasks, erred, hours of their
-        #: successful tries), the most hours first, at most MAX_FAILURE_GROUPS_SHOWN;
-        #: ``clients`` how many there are (0: a file of schema version 8 or older)
+        #: successful tries, within the window if there is one), the most hours first,
+        #: at most MAX_FAILURE_GROUPS_SHOWN; ``clients`` how many there are (0: a file
+        #: of schema version 8 or older)
         self.by_client: list[tuple[str, int, int, float]] = []
         self.clients = 0
         if "client" in _columns(conn, "tasks"):
@@ -813,9 +814,13 @@ class _Run:
             (self.clients,) = conn.execute(
                 f"SELECT COUNT(DISTINCT COALESCE(client, '')) {where}", rid
             ).fetchone()
+            ran = "duration"  # the successful try's, which ended at ``finished``
+            if self.window is not None:  # its part in the window (as the worker time)
+                lo, hi = self.window
+                ran = f"MAX(0, MIN(finished, {hi!r}) - MAX(finished - duration, {lo!r}))"
             self.by_client = conn.execute(
                 "SELECT COALESCE(NULLIF(client, ''), '?') AS who, COUNT(*), "
-                f"CAST(TOTAL(state = 'erred') AS INTEGER), TOTAL(duration) {where} GROUP BY who "
+                f"CAST(TOTAL(state = 'erred') AS INTEGER), TOTAL({ran}) {where} GROUP BY who "
                 "ORDER BY 4 DESC, 2 DESC, who LIMIT ?", (*rid, MAX_FAILURE_GROUPS_SHOWN),
             ).fetchall()  # fmt: skip
         if "queued" in _columns(conn, "tries"):

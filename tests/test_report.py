@@ -718,6 +718,34 @@ def test_the_summary_says_how_many_tasks_and_how_much_time_each_client_had(
     assert lines[table + 50].split()[0] == "many46" and "many47" not in "\n".join(lines)
 
 
+def test_each_client_s_hours_are_cut_to_the_window(tmp_path: Path) -> None:
+    """An audit: with ``--since``/``--until``, the other figures count what falls in the
+    window, but "tasks per client" gave each client the whole of its successful tries'
+    time (a try of an hour over a ten-minute window: an hour). Now the hours are those
+    of the tries' time within the window; tasks outside it are left out, as before."""
+    conn, t0 = _one_run_db(tmp_path / "monitoring.db", 3600.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tasks (run_id, key, client, state, submitted, started, finished, "
+            "duration) VALUES ('run-1', ?, ?, 'memory', ?, ?, ?, ?)",
+            [("long", "alice", t0, t0, t0 + 3600, 3600.0),  # 600 s of it in the window
+             ("late", "bob", t0, t0 + 2100, t0 + 3000, 900.0),  # 300 s in it
+             ("early", "carol", t0, t0, t0 + 100, 100.0)],  # none: left out
+        )  # fmt: skip
+    conn.close()
+    db = tmp_path / "monitoring.db"
+    lines = build_report(db, run_id="run-1", since="+1800", until="+2400", text=True).splitlines()
+    table = lines.index(next(ln for ln in lines if ln.startswith("tasks per client")))
+    assert [ln.split() for ln in lines[table + 1 : table + 4]] == [
+        ["alice", "1", "0", "0.1667"],
+        ["bob", "1", "0", "0.08333"],
+        [],
+    ]
+    whole = build_report(db, run_id="run-1", text=True).splitlines()  # no window: all of it
+    table = whole.index(next(ln for ln in whole if ln.startswith("tasks per client")))
+    assert [ln.split()[-1] for ln in whole[table + 1 : table + 4]] == ["1", "0.25", "0.02778"]
+
+
 @pytest.mark.timeout(10)
 def test_the_file_errors_say_their_file_and_problem_and_travel_whole() -> None:
     """TokenFileError, MonitoringDBError, ReportRunError and ReportOutputError: one
