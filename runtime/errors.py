@@ -1596,7 +1596,11 @@ def note_command_output(error: BaseException) -> None:
     Parsl ``bash_app`` redirects it, or ``stdout=PIPE`` alone with nothing written
     there: ``stderr`` None and no ``output`` to show) gets :data:`NOT_CAPTURED_NOTE`
     instead, which says where the stderr went and how to
-    have it here. Once per exception; any other exception is left as it is."""
+    have it here. A command run with ``stderr=subprocess.STDOUT`` (read from the
+    arguments of the ``subprocess`` call in the error's traceback) gets
+    :data:`MERGED_EMPTY_NOTE` when its output was captured and blank, and
+    :data:`MERGED_NOT_CAPTURED_NOTE` when its stdout was not captured. Once per
+    exception; any other exception is left as it is."""
     if not isinstance(error, subprocess.SubprocessError) or command_output(error) is not None:
         return
     note = ""
@@ -1606,9 +1610,15 @@ def note_command_output(error: BaseException) -> None:
             said = f" (its last {MAX_COMMAND_OUTPUT} characters)" if cut else ""
             note = f"{COMMAND_OUTPUT_NOTE}{name}{said}:\n{text}"
             break
-    # (its stdout captured alone, stdout=PIPE, and blank: its stderr went elsewhere too)
     if not note and isinstance(error, _COMMAND_ERRORS) and error.stderr is None:
-        note = NOT_CAPTURED_NOTE
+        if not _stderr_merged(error):
+            # (its stdout captured alone, stdout=PIPE, and blank: its stderr went
+            # elsewhere too)
+            note = NOT_CAPTURED_NOTE
+        elif error.output is None:
+            note = MERGED_NOT_CAPTURED_NOTE
+        else:
+            note = MERGED_EMPTY_NOTE
     if note:
         with contextlib.suppress(Exception):  # (a __notes__ that is not a list)
             error.add_note(note)
@@ -1626,8 +1636,48 @@ NOT_CAPTURED_NOTE = (
     "docs/configuration.md#where-a-tasks-output-goes"
 )
 
+#: the note of a command error whose command ran with ``stderr=subprocess.STDOUT``,
+#: its output captured and blank
+MERGED_EMPTY_NOTE = (
+    f"{COMMAND_OUTPUT_NOTE}output (its stdout and stderr, stderr=subprocess.STDOUT) was "
+    "empty: it wrote nothing"
+)
+#: the note of a command error whose command ran with ``stderr=subprocess.STDOUT``,
+#: its stdout not captured
+MERGED_NOT_CAPTURED_NOTE = (
+    f"{COMMAND_OUTPUT_NOTE}stderr was not captured: it went with its stdout (stderr="
+    "subprocess.STDOUT), which was not captured either, to where the task's worker "
+    "writes its stdout. To have its end here, run the command with "
+    "stdout=subprocess.PIPE too: docs/configuration.md#where-a-tasks-output-goes"
+)
+#: the ``subprocess`` calls that raise a command's error with its arguments in
+#: ``kwargs`` (``check_output`` calls ``run``)
+_COMMAND_CALLS = (subprocess.run.__code__, subprocess.check_call.__code__)
 
-__all__ += ["MAX_COMMAND_OUTPUT", "NOT_CAPTURED_NOTE", "command_output", "note_command_output"]
+
+def _stderr_merged(error: BaseException) -> bool:
+    """Whether ``error`` was raised by ``subprocess.run`` (or ``check_output``,
+    ``check_call``) of a command given ``stderr=subprocess.STDOUT``: read from that
+    call's frame in the error's traceback (False when not found)."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code in _COMMAND_CALLS:
+            kwargs = frame.f_locals.get("kwargs")
+            if isinstance(kwargs, dict) and kwargs.get("stderr") == subprocess.STDOUT:
+                return True
+        tb = tb.tb_next
+    return False
+
+
+__all__ += [
+    "MAX_COMMAND_OUTPUT",
+    "MERGED_EMPTY_NOTE",
+    "MERGED_NOT_CAPTURED_NOTE",
+    "NOT_CAPTURED_NOTE",
+    "command_output",
+    "note_command_output",
+]
 
 
 class InputsUnreachable(CorralError):

@@ -119,3 +119,41 @@ def test_a_command_whose_output_was_not_captured_says_so_and_what_to_do() -> Non
     quiet = subprocess.SubprocessError("no command's fields")  # not a command's error
     note_command_output(quiet)
     assert not hasattr(quiet, "__notes__")
+
+
+def test_a_command_whose_stderr_went_with_its_stdout_is_not_said_uncaptured() -> None:
+    """An audit: ``subprocess.run(cmd, stdout=PIPE, stderr=STDOUT, check=True)`` of a
+    command that wrote nothing got the note that its stderr "was not captured" and to
+    run it with ``capture_output=True``: it was captured, with its stdout, and empty.
+    With ``stderr=STDOUT`` and stdout not captured, the note said the stderr went to
+    "the file given as stderr=": it went with the stdout. Both now say what happened
+    (read from the call's own arguments, in the error's traceback); its output, when
+    there is some, is the note as before."""
+    silent = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    loud = [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]
+    merged = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "check": True}
+    for call in (
+        lambda: subprocess.run(silent, timeout=60, **merged),
+        lambda: subprocess.check_output(silent, stderr=subprocess.STDOUT, timeout=60),
+    ):
+        with pytest.raises(subprocess.CalledProcessError) as info:
+            call()
+        assert (info.value.output, info.value.stderr) == (b"", None)
+        note_command_output(info.value)
+        assert info.value.__notes__ == [
+            "the command's output (its stdout and stderr, stderr=subprocess.STDOUT) was "
+            "empty: it wrote nothing"
+        ]
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        subprocess.run(loud, timeout=60, **merged)
+    note_command_output(info.value)
+    assert info.value.__notes__ == ["the command's output:\nboom"]
+    with pytest.raises(subprocess.CalledProcessError) as info:  # stdout not captured
+        subprocess.run(silent, stderr=subprocess.STDOUT, check=True, timeout=60)
+    note_command_output(info.value)
+    assert info.value.__notes__ == [
+        "the command's stderr was not captured: it went with its stdout (stderr="
+        "subprocess.STDOUT), which was not captured either, to where the task's worker "
+        "writes its stdout. To have its end here, run the command with "
+        "stdout=subprocess.PIPE too: docs/configuration.md#where-a-tasks-output-goes"
+    ]
