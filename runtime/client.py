@@ -2573,6 +2573,8 @@ class Cluster:
             raise
         self._system = system
         self._loop = asyncio.get_running_loop()
+        # Its event loop may end without close (asyncio.run returning): let go then
+        system.when_ended(functools.partial(_ended_unclosed, weakref.ref(self), system))
         try:
             if self.address is None:
                 await self._start(system)
@@ -3055,14 +3057,11 @@ class Cluster:
         if system is None:
             return
         self._ended = True
-        with contextlib.suppress(ValueError):  # not listed: runtime.get's, a client's
-            _RUNNING.remove(self)
+        self._unlist()
         if self._policies_set and system.running:
             with anyio.CancelScope(shield=True):
                 await self._policies_left()
         client = getattr(self, "_client_actor", None)
-        if client is not None:
-            _watch_local_computes(client, watch=False)
         peer = getattr(self, "_peer", None)
         if peer is not None:  # the manager's updates that cross our close are expected
             peer.stopping = True
@@ -3089,6 +3088,15 @@ class Cluster:
                     await system.stop()
                 finally:
                     self._gc.exit()
+
+    def _unlist(self) -> None:
+        """Out of the process's running clusters (:data:`_RUNNING`), and its client's
+        keys no longer checked by dask's computes (:func:`_watch_local_computes`)."""
+        with contextlib.suppress(ValueError):  # not listed: runtime.get's, a client's
+            _RUNNING.remove(self)
+        client = getattr(self, "_client_actor", None)
+        if client is not None:
+            _watch_local_computes(client, watch=False)
 
     async def _policies_left(self) -> None:
         """Warn of the policies this client set on its shared manager that are still in
@@ -4397,6 +4405,20 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
 
 #: the embedded clusters this process started, while they run (Cluster.running())
 _RUNNING: list[Cluster] = []
+
+
+def _ended_unclosed(ref: weakref.ref[Cluster], system: ActorSystem) -> None:
+    """A cluster's actors (``system``) ended: if it was not closed (its event loop
+    ended, ``asyncio.run`` returning without ``close``; or an actor crashed), let go of
+    what it holds in the process as ``close`` does, so that the cluster is freed and
+    dask's computes and the gc threshold are as before it; ``close`` later does
+    nothing more of it."""
+    cluster = ref()
+    if cluster is None or cluster._system is not system:  # closed, or started again
+        return
+    cluster._unlist()
+    cluster._gc.exit()
+
 
 #: how to start a Cluster where an event loop runs in the thread (a notebook)
 _START_HERE = (

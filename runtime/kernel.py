@@ -841,6 +841,14 @@ class ActorSystem:
             host_task.result()
             raise RuntimeError("the actor system stopped while starting")
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once a system started with :meth:`start` has ended:
+        stopped, or its task cancelled with its event loop's end (``asyncio.run``
+        returning while it ran). Not for one entered with ``async with``."""
+        if self._host is None:
+            raise RuntimeError("this ActorSystem was not started with start()")
+        self._host.add_done_callback(lambda _: callback())
+
     async def stop(self) -> None:
         """Stop a system started with :meth:`start` (graceful, as leaving ``async with``).
 

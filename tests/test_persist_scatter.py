@@ -9,8 +9,10 @@ threads), so "did not run again" is a count, not a timing. Every test is bounded
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -23,7 +25,7 @@ import pandas as pd
 import pytest
 
 from runtime import Cluster, Future, futures_of
-from runtime.client import nested_computes_on
+from runtime.client import _LIVE_CLIENTS, _LOCAL_CHECK, nested_computes_on
 from runtime.codec import MAX_FRAME_BYTES
 from runtime.errors import (
     CorralError,
@@ -433,3 +435,31 @@ async def test_a_cluster_closes_while_dask_computes_in_another_thread() -> None:
             with pytest.raises(EagerComputeOnCluster):
                 kept.sum().compute(scheduler="sync")
             assert await cluster.compute(kept.sum()) == 32.0
+
+
+@pytest.mark.timeout(LIMIT)
+def test_a_cluster_whose_event_loop_ends_unclosed_lets_go_of_the_process() -> None:
+    """An audit: a cluster started (``await cluster.start()``) in an event loop that
+    ended without ``close`` (``asyncio.run`` of a function that forgot it, a notebook
+    kernel's loop) stayed in the process's list of running clusters for good, so it and
+    its in-process workers' outputs were never freed, its client's keys were still
+    checked by every dask compute of the process and its check stayed in dask's
+    ``Callback.active``, and a raised gc threshold (``gc_threshold=``) was never put
+    back. The end of its actors' task now lets go of all that, as ``close`` does."""
+    threshold = gc.get_threshold()
+
+    async def started() -> weakref.ref[Cluster]:
+        cluster = Cluster(workers=1, gc_threshold=threshold[0] + 1000)
+        await cluster.start()
+        kept = await cluster.persist(chunks("unclosed"))
+        await cluster.gather(futures_of(kept))
+        assert _LOCAL_CHECK in dask.callbacks.Callback.active
+        assert gc.get_threshold()[0] == threshold[0] + 1000
+        return weakref.ref(cluster)
+
+    cluster = asyncio.run(started())
+    gc.collect()
+    assert cluster() is None  # nothing holds it any more
+    assert gc.get_threshold() == threshold
+    assert not _LIVE_CLIENTS  # (no other cluster runs) so its check is gone too
+    assert _LOCAL_CHECK not in dask.callbacks.Callback.active
