@@ -232,6 +232,9 @@ _log = get_logger("corral.node")
 #: this by default.
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: seconds a worker that is told to stop while it waits for the manager's answer to
+#: its Hello waits more for it (a Welcome on its way: it then leaves in order)
+STOP_WELCOME_WAIT = 1.0
 #: Seconds the manager holds the id of a worker whose connection dropped for its rejoin
 #: (its work kept) before it counts the worker lost (``reconnect_timeout``;
 #: ``--reconnect-timeout``)
@@ -1804,6 +1807,12 @@ class PeerQuery(Message):
     the id it gave them (``--name``), so that the autoscaler knows them by id."""
 
     worker: str
+
+
+async def _shorten_on(event: anyio.Event, scope: anyio.CancelScope, seconds: float) -> None:
+    """Once ``event`` is set, bring ``scope``'s deadline to at most ``seconds`` on."""
+    await event.wait()
+    scope.deadline = min(scope.deadline, anyio.current_time() + seconds)
 
 
 async def say_hello(
@@ -3769,10 +3778,14 @@ async def run_worker(
                     # From its Hello on, the manager may take the worker in: its answer
                     # is read whatever comes meanwhile (a stop signal cancels the join:
                     # the worker then leaves in order, its WorkerGone told, where cut
-                    # short here the manager saw its connection drop).
-                    with anyio.CancelScope(shield=True), anyio.fail_after(DEAD_AFTER):
+                    # short here the manager saw its connection drop). Once the stop
+                    # signal came, for STOP_WELCOME_WAIT more at most, not DEAD_AFTER.
+                    with anyio.CancelScope(shield=True), anyio.fail_after(DEAD_AFTER) as bound:
                         await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
-                        answer = (await conn.receive()).msg
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(_shorten_on, stop, bound, STOP_WELCOME_WAIT)
+                            answer = (await conn.receive()).msg
+                            tg.cancel_scope.cancel()
                 except (TimeoutError, ConnectionClosed) as exc:
                     await conn.aclose()
                     raise CorralError(f"the manager at {address} did not answer: {exc}") from None

@@ -12,6 +12,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -110,6 +111,63 @@ async def test_a_worker_still_joining_stops_in_order_on_sigterm(tmp_path: Path) 
         assert [x for x in said if "stopped before it joined" in x], said
 
 
+@contextlib.asynccontextmanager
+async def _signalled_while_welcome_held(
+    cli: Cli, name: str
+) -> AsyncIterator[tuple[Proc, Proc, anyio.Event]]:
+    """A manager, and a worker ``name`` joining it through a relay that passes its
+    connection and Hello but holds the manager's answer, as a slow network would; the
+    worker is sent SIGTERM once the answer is held, and has said it is stopping. Yields
+    the manager, the worker and the event that lets the answer through."""
+    manager = cli.start("manager", *_listen(), "--no-monitoring", "--log-level", "info")
+    line = await run(cli.line_with, manager, "manager listening on")
+    address = line.split("manager listening on", 1)[1].strip()
+    token = cli.tokens(address)["worker"]
+    held, release = anyio.Event(), anyio.Event()
+
+    async def relay(worker_side: anyio.abc.SocketStream) -> None:
+        manager_side = await anyio.connect_tcp("127.0.0.1", int(address.rsplit(":", 1)[1]))
+
+        async def pipe(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                async for data in src:
+                    await dst.send(data)
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await dst.send_eof()
+
+        async def answers() -> None:  # the HTTP upgrade passes; then held
+            head = b""
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while b"\r\n\r\n" not in head:
+                    head += await manager_side.receive()
+                upgrade, rest = head.split(b"\r\n\r\n", 1)
+                await worker_side.send(upgrade + b"\r\n\r\n")
+                if not rest:
+                    rest = await manager_side.receive()
+                held.set()
+                await release.wait()
+                await worker_side.send(rest)
+            await pipe(manager_side, worker_side)
+
+        async with worker_side, manager_side, anyio.create_task_group() as tg:
+            tg.start_soon(pipe, worker_side, manager_side)
+            await answers()
+
+    port = free_port_between(57500, 57899)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, relay)
+        flags = ("--name", name, "--port", str(free_port_between(57950, 57999)))
+        worker = cli.start(
+            "worker", f"ws://127.0.0.1:{port}", "--token", token, *flags, "--log-level", "info"
+        )
+        await held.wait()  # its Hello said, the manager's answer held
+        worker.send_signal(signal.SIGTERM)
+        await run(cli.line_with, worker, "stopping on signal")
+        yield manager, worker, release
+        tg.cancel_scope.cancel()
+
+
 async def test_a_worker_signalled_while_its_welcome_comes_leaves_in_order(
     tmp_path: Path,
 ) -> None:
@@ -121,62 +179,34 @@ async def test_a_worker_signalled_while_its_welcome_comes_leaves_in_order(
     is held for its rejoin'), the race of a Cluster(processes=N) closed right after
     wait_for_workers."""
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
-        manager = cli.start("manager", *_listen(), "--no-monitoring", "--log-level", "info")
-        line = await run(cli.line_with, manager, "manager listening on")
-        address = line.split("manager listening on", 1)[1].strip()
-        token = cli.tokens(address)["worker"]
-        held, release = anyio.Event(), anyio.Event()
-
-        async def relay(worker_side: anyio.abc.SocketStream) -> None:
-            manager_side = await anyio.connect_tcp("127.0.0.1", int(address.rsplit(":", 1)[1]))
-
-            async def pipe(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
-                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-                    async for data in src:
-                        await dst.send(data)
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await dst.send_eof()
-
-            async def answers() -> None:  # the HTTP upgrade passes; then held
-                head = b""
-                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-                    while b"\r\n\r\n" not in head:
-                        head += await manager_side.receive()
-                    upgrade, rest = head.split(b"\r\n\r\n", 1)
-                    await worker_side.send(upgrade + b"\r\n\r\n")
-                    if not rest:
-                        rest = await manager_side.receive()
-                    held.set()
-                    await release.wait()
-                    await worker_side.send(rest)
-                await pipe(manager_side, worker_side)
-
-            async with worker_side, manager_side, anyio.create_task_group() as tg:
-                tg.start_soon(pipe, worker_side, manager_side)
-                await answers()
-
-        port = free_port_between(57500, 57899)
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, relay)
-            flags = ("--name", "late", "--port", str(free_port_between(57950, 57999)))
-            worker = cli.start(
-                "worker", f"ws://127.0.0.1:{port}", "--token", token, *flags,
-                "--log-level", "info",
-            )  # fmt: skip
-            await held.wait()  # the Welcome is on its way: the worker is taken in
-            worker.send_signal(signal.SIGTERM)
-            await run(cli.line_with, worker, "stopping on signal")
+        # (the Welcome is on its way: the worker is taken in)
+        async with _signalled_while_welcome_held(cli, "late") as (manager, worker, release):
             release.set()
             said = await run(cli.rest, worker, 20)
             assert worker.wait(5) == 0, said
             assert not [x for x in said if "stopped before it joined" in x], said
             assert [x for x in said if "left" in x and "stopped by a signal (" in x], said
             await run(cli.line_with, manager, "worker left")
-            tg.cancel_scope.cancel()
         cli.stop([manager])
         rest = await run(cli.rest, manager, 20)
         assert not [x for x in rest if "worker connection dropped" in x], rest
+
+
+async def test_a_worker_signalled_while_its_hello_goes_unanswered_stops_soon(
+    tmp_path: Path,
+) -> None:
+    """An audit: SIGTERM after the worker said Hello, to a manager whose answer never
+    comes (held here by a relay): the worker read on for its Welcome, shielded from the
+    stop, until it had waited the 10 s a silent manager is given, and only then
+    stopped. Once stopping it waits at most a second more (a Welcome on its way is
+    still taken: the test above), then stops, saying it did before it joined."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        async with _signalled_while_welcome_held(cli, "unanswered") as (manager, worker, _):
+            # no answer will come (10 s before: the wait for an answer a silent manager is given)
+            assert await run(worker.wait, 5) == 0
+            said = await run(cli.rest, worker, 20)
+            assert [x for x in said if "stopped before it joined" in x], said
+        cli.stop([manager])
 
 
 async def test_a_manager_started_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
