@@ -2246,7 +2246,10 @@ class ProcessExecutor(BaseExecutor):
     def _signal(self, slot: _Slot, sig: int) -> None:
         """Send ``sig`` to the slot's task process and every process in its process
         group: the programs its tasks started (caller holds the state lock).
-        :func:`signal_group` says how."""
+        :func:`signal_group` says how. A SIGKILL reaches the programs that left that
+        group too, first (:func:`kill_descendants`)."""
+        if sig == signal.SIGKILL:
+            kill_descendants(slot.pidfd, slot.pid)
         signal_group(slot.pidfd, slot.pid, sig)
 
 
@@ -2257,6 +2260,43 @@ def _reaped(process: BaseProcess) -> bool:
     without reaping it."""
     popen = getattr(process, "_popen", None)
     return popen is None or getattr(popen, "returncode", None) is not None
+
+
+#: how many times :func:`kill_descendants` looks again (a program may fork while its
+#: parent is being killed)
+_DESCENDANT_ROUNDS = 3
+
+
+def kill_descendants(pidfd: int | None, pid: int) -> list[int]:
+    """SIGKILL every process under task process ``pid`` (its pidfd ``pidfd``), which
+    is stopped first (SIGSTOP: it starts no more), before it is killed itself: the
+    programs its tasks started that left its process group (a daemon in a session of
+    its own, ``setsid``), which a kill of the group misses. The task process adopts
+    the orphans of what it starts (:func:`runtime.lifeline.adopt_orphans`, Linux), so
+    they are under it while it lives; once it is killed they go to ``init``, out of
+    reach. Nothing if it is no longer that process (its pidfd refuses a signal: it was
+    reaped, its number may be another's) or, without a pidfd, if it is gone. Each
+    process is checked to be the one read before it is killed (psutil). The pids
+    killed."""
+    if not pid:
+        return []
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        return []  # gone (or reaped)
+    killed: list[int] = []
+    for _ in range(_DESCENDANT_ROUNDS):
+        found = [p for p in descendants(pid) if p not in killed]
+        if not found:
+            break
+        for child in found:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(child).kill()
+        killed += found
+    return killed
 
 
 #: ``pidfd_send_signal``'s flag (Linux 6.9) that sends to the process group led by the

@@ -29,9 +29,12 @@ however it ended. Linux only (it reads ``/proc``); elsewhere the parent reaches 
 worker's own process group alone (its threads' programs), not its task processes'.
 A task process also adopts the orphans of what it starts (:func:`adopt_orphans`,
 Linux), so a program that double-forked (a daemon) is still its descendant when its
-task returns, and killed with the other leftovers. Not covered anywhere: a program that
-made a session of its own (``setsid``, a daemon) once its task process is gone (killed
-with its group: the daemon goes to ``init``), and a worker no Corral process started
+task returns, and killed with the other leftovers; a try stopped (its timeout, a
+cancel) has every process under its task process killed before the task process
+(``actors.executor.kill_descendants``), so that one too. Not covered anywhere: a
+program that made a session of its own (``setsid``, a daemon) once its task process is
+gone otherwise (it died by itself, or with a worker killed outright: the daemon goes to
+``init``), and a worker no Corral process started
 (by hand, or in a batch job: there the batch system's end of the job takes what is
 left).
 

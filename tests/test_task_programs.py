@@ -570,6 +570,43 @@ async def test_a_daemon_a_task_left_running_is_killed_and_named(
     assert f"sleep (pid {pid}," in record.getMessage()
 
 
+def daemon_then_wait(pidfile: str) -> int:
+    """A task body: start a daemon in a session of its own (:func:`leave_daemon`), then
+    hang, as a task that started a server and waits on it."""
+    leave_daemon(pidfile, True)
+    time.sleep(100)
+    return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
+@pytest.mark.parametrize("how", ["timeout", "cancelled"])
+async def test_a_daemon_of_a_session_of_its_own_goes_with_a_stopped_try(
+    tmp_path: Path, how: str
+) -> None:
+    """An audit: a task that started a daemon with ``setsid`` (a session and process
+    group of its own) and was then stopped (its timeout, a cancel) left the daemon
+    running: the kill of the task process's group missed it, and with the task process
+    gone it went to init. The task process's descendants (the daemon among them: it
+    adopts its orphans) are killed first now, while they are still under it."""
+    pidfile = tmp_path / "daemon.pid"
+    async with executor("process", 1, pidfile) as (ex, delivered):
+        assert isinstance(ex, ProcessExecutor)
+        ex.submit(job("daemon", daemon_then_wait, str(pidfile)), {})
+        await wait_until(pidfile.exists, "the daemon's pid", limit=BOUND)
+        await wait_until(
+            lambda: psutil.Process(read_pid(pidfile)).name() == "sleep", "its exec", limit=BOUND
+        )
+        pid = read_pid(pidfile)
+        (task_pid,) = ex.running().values()
+        assert os.getsid(pid) == os.getpgid(pid) != os.getpgid(task_pid)  # out of its group
+        if how == "cancelled":
+            ex.cancel("daemon")
+        else:
+            assert ex.kill("daemon", how)
+        assert (await delivered.get("daemon"))[0].outcome == how
+        await wait_until(lambda: gone(pid), "the daemon to be gone", limit=BOUND)
+
+
 # ----------------------------------------------------------------------------- cluster
 
 PROCESS = {"workers": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}}
