@@ -832,13 +832,32 @@ def _gpu_lines(ids: Sequence[str]) -> list[str]:
     ]
 
 
+#: ``#SBATCH`` options that never make Slurm refuse a job for its nodes (its name,
+#: where its output goes, whom it mails...): :func:`own_lines_advice` leaves them out
+_NOT_FOR_NODES = frozenset(
+    {"job-name", "J", "output", "o", "error", "e", "open-mode", "mail-type", "mail-user",
+     "comment", "chdir", "D", "requeue", "no-requeue", "signal", "export", "get-user-env",
+     "parsable", "quiet", "Q", "verbose", "v"}
+)  # fmt: skip
+
+
+def _asks_for_nodes(directive: str) -> bool:
+    """Whether an ``#SBATCH`` line may be why Slurm refuses a job (not one of
+    :data:`_NOT_FOR_NODES`)."""
+    option = directive[len("#SBATCH") :].split()[0]
+    name = option.lstrip("-").split("=", 1)[0]
+    if not option.startswith("--"):
+        name = name[:1]  # a short option and its value: -Jsky
+    return name not in _NOT_FOR_NODES
+
+
 def own_lines_advice(scheduler_options: str) -> str:
     """What to check of a refused job's own ``#SBATCH`` lines (``scheduler_options``):
     ", and the pool's scheduler_options (LINES: features and GRES the nodes have:
-    `sinfo -o '%P %f %G'`)", or "" without any."""
-    lines = " ".join(
-        ln.strip() for ln in scheduler_options.splitlines() if _DIRECTIVE.match(ln.strip())
-    )
+    `sinfo -o '%P %f %G'`)", or "" without any; a line that cannot be why (its
+    ``--job-name``, ``--output``, ``--mail-user``: :data:`_NOT_FOR_NODES`) is left out."""
+    directives = [ln.strip() for ln in scheduler_options.splitlines()]
+    lines = " ".join(ln for ln in directives if _DIRECTIVE.match(ln) and _asks_for_nodes(ln))
     if not lines:
         return ""
     return (

@@ -29,6 +29,7 @@ from actors.slurm import (
     block_state,
     exit_text,
     head_tail,
+    own_lines_advice,
     parse_scontrol_job,
     parse_squeue,
 )
@@ -1002,3 +1003,24 @@ async def test_a_run_dir_is_made_private_and_its_env_file_is_a_new_file(
     assert stat.S_IMODE(env.stat().st_mode) == 0o600
     assert "CORRAL_TOKEN=" + "t" * 64 in env.read_text()
     assert stolen.read_text() == ""
+
+
+def test_a_refused_job_s_advice_quotes_only_the_pool_s_lines_that_ask_for_nodes() -> None:
+    """An audit: the advice of a refused block (``sbatch``'s error, ``check
+    --slurm``'s test-only) quoted every ``#SBATCH`` line of the pool's
+    ``scheduler_options`` as the "features and GRES the nodes have" to check, a
+    ``--job-name`` line (or ``--mail-user``, ``--output``) among them, though such a
+    line never makes a job refused. Those lines are left out; none left, no quote."""
+    options = (
+        "#SBATCH --job-name=sky\n#SBATCH -J sky\n#SBATCH --constraint=haswell\n"
+        "#SBATCH --mail-user=me@example.org\n#SBATCH --gres=gpu:2\n#SBATCH -o x.out"
+    )
+    assert own_lines_advice(options) == (
+        ", and the pool's scheduler_options (#SBATCH --constraint=haswell #SBATCH "
+        "--gres=gpu:2: features and GRES the nodes have: `sinfo -o '%P %f %G'`)"
+    )
+    assert own_lines_advice("#SBATCH --job-name=sky\n#SBATCH --mail-type=END") == ""
+    assert own_lines_advice("#SBATCH --reservation=r1") == (
+        ", and the pool's scheduler_options (#SBATCH --reservation=r1: features and GRES "
+        "the nodes have: `sinfo -o '%P %f %G'`)"
+    )
