@@ -202,6 +202,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import math
 import numbers
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -631,6 +632,13 @@ class _Room:
         to = min(fits, key=lambda w: (self.held[w.id] + self.coming[w.id] + self.added[w.id], w.id))
         self.added[to.id] += nbytes
         return to
+
+
+def _longest_lived(workers: list[WorkerState]) -> list[WorkerState]:
+    """Of ``workers``, those whose walltime ends last (``deadline``; none: last of
+    all): a copy put on one about to reach its walltime would be lost again with it."""
+    last = max(math.inf if w.deadline is None else w.deadline for w in workers)
+    return [w for w in workers if (math.inf if w.deadline is None else w.deadline) == last]
 
 
 class _NotATuple(Exception):
@@ -2612,7 +2620,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     ) -> tuple[tuple[Key, str, int], ...]:
         """Where leaving ``ws`` copies each output of ``needed``: largest first, each to
         the survivor of ``going`` (:meth:`_survivors`) with room for it (:func:`_has_room`:
-        in its memory, or, spilling, on its disk) that will then hold the fewest bytes;
+        in its memory, or, spilling, on its disk) that will then hold the fewest bytes
+        (with no survivor, of the keepers with room, :meth:`_keepers`, one of those
+        whose walltime ends last: :func:`_longest_lived`);
         one that fits no survivor is computed again instead, as a lost output is. Each
         move is planned (``evac_planned``) until ``ws`` says which copies it made. None
         once the run ended (``stopping``: nothing will read them, as in :meth:`_to_evacuate`),
@@ -2631,6 +2641,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             fits = [w for w in targets if w.id not in ts.who_has and room.fits(w, ts)]
             if not fits:
                 continue  # no survivor has room for it: recompute it instead
+            if not survivors:  # keepers: those that stay longest
+                fits = _longest_lived(fits)
             target = room.place(self._lasting(fits), ts.nbytes)
             moves.append((ts.key, target.id, ts.nbytes))
             self.evac_planned.setdefault(target.id, {})[ts.key] = ws.id

@@ -953,6 +953,24 @@ def keepers_b_and_c(s: Any) -> None:
         run(s, event(WorkerDraining, worker=w))
 
 
+def test_a_leaving_worker_s_outputs_go_to_the_keeper_that_lives_longest(
+    make_state: Factory,
+) -> None:
+    """An audit: with no worker taking new work, a preempted worker's outputs went to
+    the keeper that would then hold the fewest bytes (the lowest id among equals),
+    though that keeper's walltime ended in minutes and another's in hours: the copy was
+    lost again with it, and computed again. The keepers whose walltime ends last (none:
+    last of all) take them now."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    now = s._now
+    run(s, event(WorkerJoined, worker="b", cores=1, memory=1000, pool="reg", deadline=now + 600))
+    run(s, event(WorkerJoined, worker="c", cores=1, memory=1000, pool="reg", deadline=now + 9e4))
+    keepers_b_and_c(s)
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 300),))]
+
+
 def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
     make_state: Factory,
 ) -> None:
