@@ -28,13 +28,14 @@ import json
 import math
 import os
 import pickle
+import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -166,7 +167,7 @@ from runtime.node import (
     check_worker_timeout,
     end_run,
 )
-from runtime.progress import PROGRESS_EVERY, Hooks
+from runtime.progress import PROGRESS_EVERY, Hooks, Tally, TextBar
 from runtime.remote import check_run_timeout, pickled_call
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
@@ -1043,6 +1044,46 @@ class _Swapped(set[Any]):
         super().discard(entry)
 
 
+_T = TypeVar("_T")
+
+
+async def _followed(
+    hooks: Hooks,
+    ask: Callable[[], Awaitable[dict[str, Any] | None]],
+    said_let_go: Callable[[], None] | None,
+    run: str,
+    work: Awaitable[_T],
+) -> _T:
+    """Await ``work`` (a gather) while ``hooks`` are updated with what ``ask`` answers
+    (a ``ProgressQuery``'s or a :class:`~runtime.progress.Tally`'s counts) every
+    :data:`~runtime.progress.PROGRESS_EVERY` seconds. An answer of None after counts
+    (``said_let_go``: the scheduler let the run's counts go) ends the following; so
+    does a hook's or the ask's error, logged (the work goes on)."""
+
+    async def follow() -> None:
+        counted = False  # (None before the first counts: not taken in yet)
+        try:
+            while True:
+                await anyio.sleep(PROGRESS_EVERY)
+                counts = await ask()
+                if counts is None and counted and said_let_go is not None:
+                    said_let_go()  # let go: the bar would freeze
+                    return
+                counted = counts is not None
+                hooks.update(counts)
+        except Exception as exc:  # (a hook's or the ask's: the work goes on)
+            _log.warning("progress not followed", run=run, error=repr(exc))
+
+    # a task of its own, not a task group's: the work's error is raised as it is, not
+    # in an exception group
+    following = asyncio.ensure_future(follow())
+    try:
+        return await work
+    finally:
+        following.cancel()
+        await asyncio.wait([following])  # (a cancel of this call propagates)
+
+
 @contextlib.contextmanager
 def _callbacks_taken() -> Iterator[list[Any]]:
     """The user's dask callbacks in force, taken from ``Callback.active`` for a compute
@@ -1271,7 +1312,7 @@ class ClientActor(Actor):
         self.after_flush: dict[Key, None] = {}
         #: gathers waiting on each key (its update, or its retry), and as_completed
         #: iterators
-        self.waiters: dict[Key, list[_Waiter | _Wake | _Arrivals]] = {}
+        self.waiters: dict[Key, list[_Waiter | _Wake | _Arrivals | _Ends]] = {}
         self.wakes: set[_Wake] = set()  #: gathers waiting to ask again
         self.loop_thread = threading.get_ident()  #: the event loop's thread
 
@@ -1886,7 +1927,10 @@ class Future:
             await self._client.wait_all([self.key])
 
     async def result(self) -> Any:
-        (value,) = await self._cluster.gather([self])
+        # (not gather: one future's wait calls no dask callback, as a ProgressBar's)
+        cluster = self._cluster
+        cluster._require()
+        (value,) = await cluster._gather_keys(cluster._keys_of([self], "gather"), root_errors=False)
         return value
 
     async def exception(self) -> BaseException | None:
@@ -2044,6 +2088,56 @@ class _Arrivals:
         owner = self.owner()
         if owner is not None:
             owner._arrived(key)
+
+
+class _Ends:
+    """The waiter (as a gather's, in ``ClientActor.waiters``) of the keys of a set of
+    futures followed for their progress (``Cluster.progress``, ``gather`` under dask
+    callbacks): each key's end (its update, or its last Future let go) is told once to
+    :attr:`tally`; :attr:`done` is set once none is pending. :meth:`close` takes it off
+    the keys still pending (the follower cancelled, a gather that raised), so that
+    nothing of it stays behind. Nothing runs in the background."""
+
+    __slots__ = ("client", "done", "pending", "tally")
+
+    def __init__(self, client: ClientActor, keys: Sequence[Key]) -> None:
+        self.client = client
+        self.tally = Tally(len(keys))
+        self.pending: set[Key] = set()
+        self.done = anyio.Event()
+        for key in keys:
+            w = client.watches.get(key)
+            if w is None or w.update is not None:  # ended already (or let go)
+                self._end(key, None if w is None else w.update)
+                continue
+            self.pending.add(key)
+            client.waiters.setdefault(key, []).append(self)
+        if not self.pending:
+            self.done.set()
+
+    def _end(self, key: Key, upd: Any) -> None:
+        if isinstance(upd, KeyDone | KeyErred):
+            self.tally.end(key, upd.worker, "memory" if isinstance(upd, KeyDone) else "erred")
+        else:
+            self.tally.end(key, "", "released" if upd is None else "cancelled")
+
+    def settle(self, key: Key, ok: bool) -> None:
+        if key in self.pending:
+            self.pending.discard(key)
+            w = self.client.watches.get(key)
+            self._end(key, None if w is None else w.update)
+            if not self.pending:
+                self.done.set()
+
+    def close(self) -> None:
+        waiters = self.client.waiters
+        for key in self.pending:
+            waiting = waiters.get(key)
+            if waiting is not None and self in waiting:
+                waiting.remove(self)
+                if not waiting:
+                    del waiters[key]
+        self.pending.clear()
 
 
 class AsCompleted:
@@ -3641,28 +3735,11 @@ class Cluster:
                 hooks.start()
                 run = await self._submit(graph, flat, opts, inputs, progress=True)
 
-                async def follow() -> None:
-                    counted = False  # (None before the first counts: not taken in yet)
-                    try:
-                        while True:
-                            await anyio.sleep(PROGRESS_EVERY)
-                            counts = await self._manager.ask(ProgressQuery(run))
-                            if counts is None and counted:  # let go: the bar would freeze
-                                said_let_go()
-                                return
-                            counted = counts is not None
-                            hooks.update(counts)
-                    except Exception as exc:  # (a hook's or the ask's: the compute goes on)
-                        _log.warning("progress not followed", run=run, error=repr(exc))
+                async def ask() -> dict[str, Any] | None:
+                    return await self._manager.ask(ProgressQuery(run))  # type: ignore[no-any-return]
 
-                # a task of its own, not a task group's: the compute's error is raised
-                # as it is, not in an exception group
-                following = asyncio.ensure_future(follow())
-                try:
-                    values = await self._gather_keys(flat, root_errors=True)
-                finally:
-                    following.cancel()
-                    await asyncio.wait([following])  # (a cancel of this call propagates)
+                gathered = self._gather_keys(flat, root_errors=True)
+                values = await _followed(hooks, ask, said_let_go, run, gathered)
                 errored = False
                 return values
             finally:
@@ -3841,7 +3918,66 @@ class Cluster:
         dependency's original exception instead of :class:`DependencyFailed`.
         """
         self._require()
-        return await self._gather_keys(self._keys_of(futures, "gather"), root_errors=root_errors)
+        keys = self._keys_of(futures, "gather")
+        if Callback.active - _own_callbacks():  # dask's (a ProgressBar): told as they end
+            return await self._gather_told(keys, root_errors)
+        return await self._gather_keys(keys, root_errors=root_errors)
+
+    async def _gather_told(self, keys: list[Key], root_errors: bool) -> list[Any]:
+        """:meth:`gather` with dask's active callbacks called as for a compute
+        (:meth:`_compute_told`), from what the client learns of the futures themselves
+        (:class:`_Ends`: no ask of the scheduler). ``dsk`` is ``{key: None}`` for the
+        keys gathered; every task not ended counts as waiting."""
+        with _callbacks_taken() as callbacks:
+            unique = list(dict.fromkeys(keys))
+            hooks = Hooks(callbacks, dict.fromkeys(unique))
+            errored = True
+            ends: _Ends | None = None
+            try:
+                hooks.start()
+                ends = _Ends(self._client_actor, unique)
+                tally = ends.tally
+
+                async def ask() -> dict[str, Any]:
+                    return tally.answer()
+
+                values = await _followed(
+                    hooks, ask, None, "", self._gather_keys(keys, root_errors=root_errors)
+                )
+                errored = False
+                return values
+            finally:
+                if ends is not None:
+                    ends.close()
+                    hooks.update(ends.tally.answer())
+                hooks.finish(errored)
+
+    async def progress(
+        self, futures: Iterable[Future], *, out: Any = None, every: float | None = None
+    ) -> dict[str, int]:
+        """Wait until every one of ``futures`` is done (finished, failed or cancelled,
+        or let go), showing how many are, as dask.distributed's ``progress(futures)``:
+        on a terminal a bar drawn again in place every ``every`` seconds (0.2), written
+        anywhere else (a file, a pipe, a job's log) a line every ``every`` seconds (10)
+        and one at the end. ``out``: where to (``sys.stdout``). Raises nothing for a
+        task that failed (await its future for its error); cancelling the wait (or an
+        interrupt) ends the line and leaves nothing behind, the tasks running on.
+        Returns the counts at the end: ``total`` (the keys followed, each once),
+        ``finished`` (ended), ``erred``, ``cancelled`` and ``released``."""
+        self._require()
+        keys = list(dict.fromkeys(self._keys_of(futures, "progress")))
+        bar = TextBar(sys.stdout if out is None else out, time.monotonic(), every)
+        ends = _Ends(self._client_actor, keys)
+        try:
+            while ends.pending:
+                bar.draw(ends.tally.answer(), time.monotonic())
+                with anyio.move_on_after(bar.every):
+                    await ends.done.wait()
+        finally:
+            ends.close()
+            counts = ends.tally.answer()
+            bar.draw(counts, time.monotonic(), final=True)
+        return {k: counts[k] for k in ("total", "finished", "erred", "cancelled", "released")}
 
     def as_completed(
         self,
@@ -4338,6 +4474,7 @@ _TAKES_FUTURES = {
     "gather": "; for one future, await it; for keys of a graph, use compute(graph, keys)",
     "cancel": "; to cancel by key, use the console's `cancel KEY` (python -m runtime console)",
     "as_completed": "; add one future with add(future)",
+    "progress": "; for one future, progress([future])",
     "move": "; to move by key, use the console's `move KEY --pool P`",
 }
 
@@ -4346,6 +4483,7 @@ _USES = {
     "gather": "awaited or gathered",
     "cancel": "cancelled",
     "as_completed": "waited for",
+    "progress": "followed",
     "move": "moved",
 }
 

@@ -14,6 +14,13 @@ ended (its result stays on its worker: ``None``), and ``finish(dsk, state, error
 at the end, an error's included. ``state`` holds ``finished`` (the set of keys ended),
 and ``waiting``, ``ready`` and ``running``, whose ``len()`` is how many tasks are in
 each (:class:`Counted`: their keys are not sent to the client).
+
+Futures (``submit``, ``map``) are counted by the client alone, from the word each gets
+anyway (``runtime.client._Ends``, into a :class:`Tally`, answering in the shape of a
+``ProgressQuery``'s answer): ``gather`` under dask callbacks feeds :class:`Hooks` with
+it, and ``Cluster.progress(futures)`` draws it with a :class:`TextBar` (in place on a
+terminal, a line every :data:`LINE_EVERY` seconds elsewhere). No scheduler ask, no wire
+change.
 """
 
 from __future__ import annotations
@@ -97,3 +104,109 @@ class Hooks:
     def finish(self, errored: bool) -> None:
         for f in self._finish:
             f(self.dsk, self.state, errored)
+
+
+class Tally:
+    """The ends of a fixed set of ``total`` tasks, as the client learns them (a
+    Future's update: ``Cluster.progress`` and ``gather`` under dask callbacks), told
+    with :meth:`end` and read with :meth:`answer` in the shape of a ``ProgressQuery``
+    answer, so that :class:`Hooks` and :class:`TextBar` take either. Pure: no clock,
+    no I/O. ``state`` of an end: ``"memory"`` (finished), ``"erred"``, ``"cancelled"``
+    or ``"released"`` (the task's last Future let go: nothing more will be told)."""
+
+    __slots__ = ("_ended", "cancelled", "erred", "finished", "released", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.finished = self.erred = self.cancelled = self.released = 0
+        self._ended: list[tuple[Any, str, str]] = []
+
+    @property
+    def pending(self) -> int:
+        """How many have not ended."""
+        return self.total - self.finished
+
+    def end(self, key: Any, worker: str, state: str) -> None:
+        """``key`` ended in ``state`` on ``worker`` ("" for none); each key once."""
+        self.finished += 1
+        self.erred += state == "erred"
+        self.cancelled += state == "cancelled"
+        self.released += state == "released"
+        self._ended.append((key, worker, state))
+
+    def answer(self) -> dict[str, Any]:
+        """The counts (``ProgressQuery``'s keys, with ``cancelled`` and ``released``;
+        the tasks not ended are all ``waiting``: where each stands is the scheduler's)
+        and ``ended``, those that ended since the previous answer."""
+        ended, self._ended = self._ended, []
+        return {
+            "total": self.total, "finished": self.finished, "erred": self.erred,
+            "cancelled": self.cancelled, "released": self.released,
+            "waiting": self.pending, "ready": 0, "running": 0, "complete": True,
+            "ended": ended,
+        }  # fmt: skip
+
+
+#: Seconds between two draws of a :class:`TextBar` on a terminal, and between two
+#: lines of one written to anything else (a file, a pipe, a job's log).
+BAR_EVERY = 0.2
+LINE_EVERY = 10.0
+
+
+def _seconds(elapsed: float) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if elapsed < 60:
+        return f"{elapsed:.1f} s"
+    minutes, seconds = divmod(int(elapsed), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def bar_text(counts: dict[str, Any], elapsed: float, width: int = 40) -> str:
+    """One line saying how far ``counts`` (a :meth:`Tally.answer` or a ``ProgressQuery``
+    answer) are after ``elapsed`` seconds: a bar of ``width`` (0: none), the percent
+    ended, ended of total, and the failed and cancelled among them when there are any.
+    ``[####    ] | 45% | 4500 of 10000 ended, 3 failed | 12.3 s``."""
+    total, ended = counts["total"], counts["finished"]
+    fraction = ended / total if total else 1.0
+    parts = [f"{int(100 * fraction):3d}%", f"{ended} of {total} ended"]
+    for what, said in (("erred", "failed"), ("cancelled", "cancelled"), ("released", "released")):
+        if counts.get(what):
+            parts[-1] += f", {counts[what]} {said}"
+    parts.append(_seconds(elapsed))
+    if width:
+        filled = int(width * fraction)
+        parts.insert(0, "[" + "#" * filled + " " * (width - filled) + "]")
+    return " | ".join(parts)
+
+
+class TextBar:
+    """Draws counts to ``out`` with :func:`bar_text`: on a terminal (``out.isatty()``)
+    one line drawn again in place (``\\r``) at most every ``every`` seconds
+    (:data:`BAR_EVERY`), else a line of its own every ``every`` seconds
+    (:data:`LINE_EVERY`: a log stays readable, and says the wait is alive while nothing
+    ends); :meth:`draw` ``final`` always draws and ends the line. Time is given, not
+    read (``now``, seconds on any clock)."""
+
+    def __init__(self, out: Any, started: float, every: float | None = None) -> None:
+        isatty = getattr(out, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        if every is not None and not every > 0:
+            raise ValueError(f"every must be a number of seconds above 0, got {every!r}")
+        self.every = every if every is not None else BAR_EVERY if self.tty else LINE_EVERY
+        self.out = out
+        self.started = started
+        self.drawn: float | None = None  #: when it last drew (None: not yet)
+
+    def draw(self, counts: dict[str, Any], now: float, final: bool = False) -> None:
+        if not final and self.drawn is not None and now - self.drawn < self.every:
+            return
+        self.drawn = now
+        text = bar_text(counts, now - self.started, 40 if self.tty else 0)
+        if self.tty:
+            self.out.write("\r" + text + ("\n" if final else ""))
+        else:
+            self.out.write("progress: " + text + "\n")
+        self.out.flush()

@@ -44,6 +44,7 @@ SNIPPETS = [
     ("api.md", 'da.to_npy_stack("stack", x)'),  # a library call that computes inside
     ("api.md", "async def progress(cluster: Cluster, every: float = 2.0) -> None:"),
     ("api.md", "with ProgressBar():"),  # dask's callbacks on Corral's get
+    ("api.md", "counts = await cluster.progress(futures)"),  # progress of futures
 ]
 
 
