@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from runtime import Cluster
 from runtime.client import _Ends
 from runtime.errors import CorralError
 from runtime.progress import LINE_EVERY, Hooks, Tally, TextBar, bar_text
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 from tests.test_dask_callbacks import Record
 
 LIMIT = 60
@@ -132,7 +135,9 @@ async def _gated_progress(cluster: Cluster, tmp_path: Path) -> None:
         tg.start_soon(follow)
         await wait_until(lambda: "| 0 of 20 ended | " in out.getvalue(), "the first line")
         gates[0].touch()
-        await wait_until(lambda: "10 of 20 ended, 1 failed" in out.getvalue(), "half ended")
+        await wait_until(
+            lambda: "10 of 20 ended, 1 failed" in out.getvalue(), "half ended", limit=30
+        )
         assert "11 of 20" not in out.getvalue()
         gates[1].touch()
     assert counts == {"total": 20, "finished": 20, "erred": 2, "cancelled": 0, "released": 0}
@@ -258,3 +263,54 @@ async def test_gather_under_a_progress_bar_calls_it_as_the_futures_end(tmp_path:
             assert await futures[0] == 0
         assert rec.calls == []
         assert _ends_left(cluster) == 0
+
+
+INTERRUPTED = """
+import asyncio, time
+from runtime import Cluster
+from runtime.client import _Ends
+
+
+def nap(i):
+    time.sleep(0.02)
+    return i
+
+
+async def main():
+    async with Cluster(workers=1, threads_per_worker=1) as cluster:
+        futures = cluster.map(nap, range(5000), pure=False)  # 100 s of naps
+        try:
+            await cluster.progress(futures, every=0.05)
+        finally:
+            waiters = cluster._client_actor.waiters.values()
+            left = sum(isinstance(w, _Ends) for ws in waiters for w in ws)
+            print(f"followers left: {left}", flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_ctrl_c_during_progress_ends_its_line_and_the_program(tmp_path: Path) -> None:
+    """A script waiting in ``progress`` (its output a pipe: lines) is sent SIGINT: the
+    wait ends with a last line, follows nothing more, and the program ends."""
+    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    async with await anyio.open_process(
+        [sys.executable, "-c", INTERRUPTED], env=env, stderr=None
+    ) as proc:
+        assert proc.stdout is not None
+        out = b""
+        with anyio.fail_after(30):
+            while b"progress:" not in out:
+                out += await proc.stdout.receive()
+        proc.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            async for chunk in proc.stdout:
+                out += chunk
+            assert await proc.wait() != 0  # KeyboardInterrupt
+    lines = out.decode().splitlines()
+    assert lines[-1] == "followers left: 0", lines[-3:]
+    assert lines[-2].startswith("progress: ") and " of 5000 ended | " in lines[-2]
+    assert all(line.startswith("progress: ") for line in lines[:-1])
