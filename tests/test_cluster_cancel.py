@@ -214,6 +214,7 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "get": lambda c: c.get({"a": 1}, "a"),
     "gather": lambda c: c.gather([]),
     "as_completed": lambda c: c.as_completed([]),
+    "progress": lambda c: c.progress([]),
     "download": lambda c: c.download(None, "x"),  # type: ignore[arg-type]
     "cancel": lambda c: c.cancel([]),
     "move": lambda c: c.move([], priority=1),
