@@ -3965,7 +3965,8 @@ class Cluster:
         Returns the counts at the end: ``total`` (the keys followed, each once),
         ``finished`` (ended), ``erred``, ``cancelled`` and ``released``."""
         self._require()
-        keys = list(dict.fromkeys(self._keys_of(futures, "progress")))
+        held = self._futures_of(futures, "progress")  # (held while it waits, as gather's)
+        keys = list(dict.fromkeys(f.key for f in held))
         bar = TextBar(sys.stdout if out is None else out, time.monotonic(), every)
         ends = _Ends(self._client_actor, keys)
         try:

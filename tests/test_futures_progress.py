@@ -22,7 +22,7 @@ from runtime import Cluster
 from runtime.client import _Ends
 from runtime.errors import CorralError
 from runtime.progress import LINE_EVERY, Hooks, Tally, TextBar, bar_text
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, Cli, wait_until
 from tests.test_dask_callbacks import Record
 
 LIMIT = 60
@@ -158,6 +158,31 @@ async def test_progress_of_futures_rises_and_counts_failures(
 ) -> None:
     async with Cluster(**workers) as cluster:
         await _gated_progress(cluster, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_progress_of_futures_through_a_manager_process(tmp_path: Path) -> None:
+    """A manager and workers in processes of their own: the futures' words, which the
+    counts come from, cross the connection as before (no message of its own)."""
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager()
+        cli.worker(address, "--cores", "4")
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(1)
+            await _gated_progress(cluster, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_progress_holds_the_futures_it_follows(tmp_path: Path) -> None:
+    """``await cluster.progress(cluster.map(...))``: the futures, given as a generator
+    and held by nothing else, are held while it waits (their tasks not let go)."""
+    async with Cluster(workers=1, threads_per_worker=2) as cluster:
+        counts = await cluster.progress(
+            (f for f in cluster.map(gated, range(3), [str(tmp_path)] * 3)), out=io.StringIO()
+        )
+        assert counts == {"total": 3, "finished": 3, "erred": 0, "cancelled": 0, "released": 0}
 
 
 @pytest.mark.anyio
