@@ -4112,7 +4112,7 @@ class Cluster:
             return info
 
         for _ in range(10):
-            await self.gather([future])  # done (or raises); made again if it was lost
+            await future.result()  # done (or raises); made again if it was lost (no callback)
             info = await stream()
             if info is None:
                 continue  # lost meanwhile: wait for it again
