@@ -1815,6 +1815,25 @@ async def _shorten_on(event: anyio.Event, scope: anyio.CancelScope, seconds: flo
     scope.deadline = min(scope.deadline, anyio.current_time() + seconds)
 
 
+async def _answer(conn: Any, stop: anyio.Event, scope: anyio.CancelScope) -> Any:
+    """The message ``conn`` receives next (the manager's answer to a Hello), read in
+    ``scope``, whose deadline ``stop`` set brings to :data:`STOP_WELCOME_WAIT` on at
+    most. What the read raises comes out as it is (``ConnectionClosed``: a manager that
+    dropped the connection, tried again as one that did not answer), not in the
+    ``ExceptionGroup`` of the task group that watches ``stop``."""
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_shorten_on, stop, scope, STOP_WELCOME_WAIT)
+        try:
+            answer = (await conn.receive()).msg
+        except Exception as exc:
+            failed.append(exc)
+        tg.cancel_scope.cancel()
+    if failed:
+        raise failed.pop()
+    return answer
+
+
 async def say_hello(
     conn: Any, hello: Hello, address: str, limit: float, *, allow_pickle: bool
 ) -> None:
@@ -3782,10 +3801,7 @@ async def run_worker(
                     # signal came, for STOP_WELCOME_WAIT more at most, not DEAD_AFTER.
                     with anyio.CancelScope(shield=True), anyio.fail_after(DEAD_AFTER) as bound:
                         await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
-                        async with anyio.create_task_group() as tg:
-                            tg.start_soon(_shorten_on, stop, bound, STOP_WELCOME_WAIT)
-                            answer = (await conn.receive()).msg
-                            tg.cancel_scope.cancel()
+                        answer = await _answer(conn, stop, bound)
                 except (TimeoutError, ConnectionClosed) as exc:
                     await conn.aclose()
                     raise CorralError(f"the manager at {address} did not answer: {exc}") from None

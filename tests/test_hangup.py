@@ -112,21 +112,19 @@ async def test_a_worker_still_joining_stops_in_order_on_sigterm(tmp_path: Path) 
 
 
 @contextlib.asynccontextmanager
-async def _signalled_while_welcome_held(
-    cli: Cli, name: str
-) -> AsyncIterator[tuple[Proc, Proc, anyio.Event]]:
-    """A manager, and a worker ``name`` joining it through a relay that passes its
-    connection and Hello but holds the manager's answer, as a slow network would; the
-    worker is sent SIGTERM once the answer is held, and has said it is stopping. Yields
-    the manager, the worker and the event that lets the answer through."""
-    manager = cli.start("manager", *_listen(), "--no-monitoring", "--log-level", "info")
-    line = await run(cli.line_with, manager, "manager listening on")
-    address = line.split("manager listening on", 1)[1].strip()
-    token = cli.tokens(address)["worker"]
-    held, release = anyio.Event(), anyio.Event()
+async def _relay_holding_answers(
+    address: str, held: anyio.Event, release: anyio.Event, *, drop: int = 0
+) -> AsyncIterator[int]:
+    """A relay to the manager at ``address`` that passes a worker's connection and Hello
+    but holds the manager's answer, as a slow network would: ``held`` is set once it
+    holds one, which goes through once ``release`` is set. The first ``drop``
+    connections are dropped instead once their answer is held (a manager gone, or
+    restarting, as the worker said Hello). Yields the relay's port."""
+    dropping = [drop]
 
     async def relay(worker_side: anyio.abc.SocketStream) -> None:
         manager_side = await anyio.connect_tcp("127.0.0.1", int(address.rsplit(":", 1)[1]))
+        dropped, dropping[0] = dropping[0] > 0, dropping[0] - 1
 
         async def pipe(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
             with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
@@ -145,6 +143,9 @@ async def _signalled_while_welcome_held(
                 if not rest:
                     rest = await manager_side.receive()
                 held.set()
+                if dropped:
+                    tg.cancel_scope.cancel()  # both sides closed, the answer never sent
+                    return
                 await release.wait()
                 await worker_side.send(rest)
             await pipe(manager_side, worker_side)
@@ -157,6 +158,29 @@ async def _signalled_while_welcome_held(
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, relay)
+        yield port
+        tg.cancel_scope.cancel()
+
+
+async def _manager(cli: Cli) -> tuple[Proc, str, str]:
+    """A manager started: it, its address and its worker token."""
+    manager = cli.start("manager", *_listen(), "--no-monitoring", "--log-level", "info")
+    line = await run(cli.line_with, manager, "manager listening on")
+    address = line.split("manager listening on", 1)[1].strip()
+    return manager, address, cli.tokens(address)["worker"]
+
+
+@contextlib.asynccontextmanager
+async def _signalled_while_welcome_held(
+    cli: Cli, name: str
+) -> AsyncIterator[tuple[Proc, Proc, anyio.Event]]:
+    """A manager, and a worker ``name`` joining it through a relay that passes its
+    connection and Hello but holds the manager's answer (:func:`_relay_holding_answers`);
+    the worker is sent SIGTERM once the answer is held, and has said it is stopping.
+    Yields the manager, the worker and the event that lets the answer through."""
+    manager, address, token = await _manager(cli)
+    held, release = anyio.Event(), anyio.Event()
+    async with _relay_holding_answers(address, held, release) as port:
         flags = ("--name", name, "--port", str(free_port_between(57950, 57999)))
         worker = cli.start(
             "worker", f"ws://127.0.0.1:{port}", "--token", token, *flags, "--log-level", "info"
@@ -165,7 +189,6 @@ async def _signalled_while_welcome_held(
         worker.send_signal(signal.SIGTERM)
         await run(cli.line_with, worker, "stopping on signal")
         yield manager, worker, release
-        tg.cancel_scope.cancel()
 
 
 async def test_a_worker_signalled_while_its_welcome_comes_leaves_in_order(
@@ -206,6 +229,32 @@ async def test_a_worker_signalled_while_its_hello_goes_unanswered_stops_soon(
             assert await run(worker.wait, 5) == 0
             said = await run(cli.rest, worker, 20)
             assert [x for x in said if "stopped before it joined" in x], said
+        cli.stop([manager])
+
+
+async def test_a_worker_whose_hello_the_manager_drops_tries_again(tmp_path: Path) -> None:
+    """A review: the connection dropped after the worker said Hello (its manager gone,
+    or restarting, before it answered) is a manager that did not answer, tried again
+    under ``--connect-retry`` as before the stop signal's shorter wait for the Welcome
+    was added; with it, the drop came out of the wait's task group as an
+    ``ExceptionGroup``, which no ``except ConnectionClosed`` caught: the worker ended
+    with a traceback, status 1, instead of joining on its next try."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager, address, token = await _manager(cli)
+        held, release = anyio.Event(), anyio.Event()
+        release.set()  # the second connection's answer passes
+        async with _relay_holding_answers(address, held, release, drop=1) as port:
+            flags = ("--name", "dropped", "--port", str(free_port_between(57950, 57999)))
+            worker = cli.start(
+                "worker", f"ws://127.0.0.1:{port}", "--token", token, *flags,
+                "--connect-retry", "30", "--log-level", "info",
+            )  # fmt: skip
+            seen: list[str] = []
+            await run(cli.line_with, worker, "worker dropped joined", 20, seen)
+            assert [x for x in seen if "could not reach the manager; retrying" in x], seen
+            worker.send_signal(signal.SIGTERM)
+            said = await run(cli.rest, worker, 20)
+            assert worker.wait(5) == 0, said
         cli.stop([manager])
 
 
