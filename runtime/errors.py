@@ -1646,9 +1646,10 @@ MERGED_EMPTY_NOTE = (
 #: its stdout not captured
 MERGED_NOT_CAPTURED_NOTE = (
     f"{COMMAND_OUTPUT_NOTE}stderr was not captured: it went with its stdout (stderr="
-    "subprocess.STDOUT), which was not captured either, to where the task's worker "
-    "writes its stdout. To have its end here, run the command with "
-    "stdout=subprocess.PIPE too: docs/configuration.md#where-a-tasks-output-goes"
+    "subprocess.STDOUT), which was not captured either, to the file given as stdout=, "
+    "or else where the task's worker writes its stdout. To have its end here, run the "
+    "command with stdout=subprocess.PIPE too: "
+    "docs/configuration.md#where-a-tasks-output-goes"
 )
 #: the ``subprocess`` calls that raise a command's error with its arguments in
 #: ``kwargs`` (``check_output`` calls ``run``)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from actors.scheduler_records import MAX_ERROR_CHARS, error_record, error_text
 from runtime.errors import (
     MAX_COMMAND_OUTPUT,
+    MERGED_NOT_CAPTURED_NOTE,
     NOT_CAPTURED_NOTE,
     TaskErrorTooLarge,
     note_command_output,
@@ -153,7 +155,29 @@ def test_a_command_whose_stderr_went_with_its_stdout_is_not_said_uncaptured() ->
     note_command_output(info.value)
     assert info.value.__notes__ == [
         "the command's stderr was not captured: it went with its stdout (stderr="
-        "subprocess.STDOUT), which was not captured either, to where the task's worker "
-        "writes its stdout. To have its end here, run the command with "
-        "stdout=subprocess.PIPE too: docs/configuration.md#where-a-tasks-output-goes"
+        "subprocess.STDOUT), which was not captured either, to the file given as "
+        "stdout=, or else where the task's worker writes its stdout. To have its end "
+        "here, run the command with stdout=subprocess.PIPE too: "
+        "docs/configuration.md#where-a-tasks-output-goes"
     ]
+
+
+def test_a_command_whose_output_went_to_a_file_is_not_said_at_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A review: ``subprocess.run(cmd, stdout=log, stderr=STDOUT, check=True)``, a
+    tool's output kept in a log file of its own, got the note that its stderr went "to
+    where the task's worker writes its stdout": it went to that file, where it is
+    (the worker's stdout has none of it). The note names the file given as stdout=."""
+    loud = [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]
+    log = tmp_path / "tool.log"
+    with open(log, "w") as out, pytest.raises(subprocess.CalledProcessError) as info:
+        subprocess.run(loud, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=60)
+    assert log.read_text() == "boom\n"
+    note_command_output(info.value)
+    (note,) = info.value.__notes__
+    assert note == MERGED_NOT_CAPTURED_NOTE
+    assert (
+        "went with its stdout (stderr=subprocess.STDOUT), which was not captured "
+        "either, to the file given as stdout=, or else where the task's worker" in note
+    )
