@@ -634,11 +634,23 @@ class _Room:
         return to
 
 
+#: seconds within which keepers' walltimes count as ending together
+#: (:func:`_longest_lived`): each worker's deadline is its walltime read at its own
+#: join, so one block's workers, or blocks started together, differ by microseconds to
+#: seconds; among those alike, a copy goes to the one that will hold the fewest bytes
+KEEPERS_ALIKE = 60.0
+
+
 def _longest_lived(workers: list[WorkerState]) -> list[WorkerState]:
     """Of ``workers``, those whose walltime ends last (``deadline``; none: last of
-    all): a copy put on one about to reach its walltime would be lost again with it."""
+    all), or within :data:`KEEPERS_ALIKE` of it: a copy put on one about to reach its
+    walltime would be lost again with it."""
     last = max(math.inf if w.deadline is None else w.deadline for w in workers)
-    return [w for w in workers if (math.inf if w.deadline is None else w.deadline) == last]
+    return [
+        w
+        for w in workers
+        if (math.inf if w.deadline is None else w.deadline) >= last - KEEPERS_ALIKE
+    ]
 
 
 class _NotATuple(Exception):

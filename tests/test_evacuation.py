@@ -971,6 +971,31 @@ def test_a_leaving_worker_s_outputs_go_to_the_keeper_that_lives_longest(
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 300),))]
 
 
+def test_keepers_of_one_walltime_share_a_leaving_worker_s_outputs(
+    make_state: Factory,
+) -> None:
+    """A review: keepers whose walltime ends at the same time (one block's workers, or
+    blocks started together) do not have equal deadlines on the scheduler's clock: each
+    is its walltime read at its own join, a few microseconds to seconds apart. The
+    choice of the keeper that lives longest took the one whose deadline was the
+    largest by those microseconds alone, and every output of a leaving worker went to
+    it (until it had no room), none to the others: a copy goes to the keeper that will
+    then hold the fewest bytes among those whose walltime ends within a minute of the
+    last (:data:`actors.scheduler_state.KEEPERS_ALIKE`)."""
+    s = make_state(saturation=1.0)
+    made_on(s, "a", "x", pool="pre")
+    submit(s, {"x2": []}, ["x2"], pool="pre")
+    finish(s, "a", "x2", nbytes=300)
+    now = s._now
+    for worker, jitter in (("b", 0.0), ("c", 0.5)):  # one walltime, read at two joins
+        ends = now + 9e4 + jitter
+        run(s, event(WorkerJoined, worker=worker, cores=1, memory=1000, pool="reg", deadline=ends))
+    keepers_b_and_c(s)
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    [plan] = of(out, Evacuate)
+    assert sorted(target for _, target, _ in plan.moves) == ["b", "c"], plan.moves
+
+
 def test_a_copy_planned_onto_a_worker_that_dies_goes_to_another_one(
     make_state: Factory,
 ) -> None:
