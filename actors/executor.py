@@ -2276,8 +2276,11 @@ def kill_descendants(pidfd: int | None, pid: int) -> list[int]:
     they are under it while it lives; once it is killed they go to ``init``, out of
     reach. Nothing if it is no longer that process (its pidfd refuses a signal: it was
     reaped, its number may be another's) or, without a pidfd, if it is gone. Each
-    process is checked to be the one read before it is killed (psutil). The pids
-    killed."""
+    process is killed by the number just read (psutil checks nothing more): the task
+    process's own children are not reaped while it is stopped (unless it ignores
+    SIGCHLD), so their numbers stay theirs; one further down that ended and was
+    reaped by its parent in between (microseconds) may have had its number taken. The
+    pids killed."""
     if not pid:
         return []
     try:
