@@ -225,6 +225,13 @@ class StreamTable:
     def __len__(self) -> int:
         return len(self.open)
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether an open stream serves a value from memory (views of its buffers):
+        they stay in memory until the stream ends, whatever the store holds meanwhile (a
+        value spilled or dropped while a reader reads it)."""
+        return any(isinstance(st.segments, BufferSegments) for st in self.open.values())
+
     def start(self, key: Any, segments: Segments, now: float) -> StreamInfo:
         """Open a stream of ``segments``; the requester reads it by the returned info."""
         self.expire(now)

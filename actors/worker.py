@@ -864,7 +864,17 @@ class Worker(Actor):
         stored = self.data.memory_bytes
         spilling = self.spilling is not None and self.spilling.nbytes > 0
         self._feed(
-            ws.MemorySampled(time.time(), used, tasks, executing, executed, stored, began, spilling)
+            ws.MemorySampled(
+                time.time(),
+                used,
+                tasks,
+                executing,
+                executed,
+                stored,
+                began,
+                spilling,
+                self.streams.in_memory,
+            )
         )
 
     def _arm(self, at: float) -> None:

@@ -183,6 +183,10 @@ class MemorySampled(Event):
     #: a spill that asked for bytes is under way: the value it writes stays in memory
     #: until its file is complete, whatever the store holds (one dropped meanwhile too)
     spilling: bool = False
+    #: a stream serves a value from memory to a peer or a client: its buffers stay in
+    #: memory until the reader has read it, whatever the store holds (one spilled or
+    #: dropped meanwhile too)
+    serving: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1066,13 +1070,17 @@ class WorkerState:
         # no input coming from a peer (its bytes are in memory before the store holds
         # them), and no spill writing a value: a value dropped while its file is written
         # (its run released) is still in memory, and a floor measured then is that value
-        # (a chaos audit: an 800 MB output read as a floor of 0.85 GiB, marks moved up).
+        # (a chaos audit: an 800 MB output read as a floor of 0.85 GiB, marks moved up);
+        # nor a stream serving a value from memory: a value spilled while a reader reads
+        # it stays until the read ends (a user audit's 1.5 GB output, spilled while the
+        # client gathered it, read as a floor of 1.56 GiB, blamed on a module global).
         idle = (
             not running
             and not self.queued
             and not self.fetching
             and len(self.on_disk) == len(self.held)
             and not ev.spilling
+            and not ev.serving
         )
         cmds = self.governor.handle(
             mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.stored, ev.began)

@@ -20,6 +20,7 @@ from actors.store import SpillStore
 from actors.transfer import (
     IDLE_SECONDS,
     BufferSegments,
+    FileSegments,
     Relayed,
     StreamInfo,
     StreamTable,
@@ -95,6 +96,23 @@ def test_a_stream_nobody_reads_expires() -> None:
     table.start("a", BufferSegments([b"x"]), now=0.0)
     table.start("b", BufferSegments([b"x"]), now=IDLE_SECONDS + 1)
     assert [st.key for st in table.open.values()] == ["b"]
+
+
+def test_the_table_says_whether_a_stream_holds_a_value_in_memory(tmp_path: Path) -> None:
+    """A stream of a value in memory holds views of its buffers until it ends, a stream
+    of a spill file holds none: the worker's floor is not measured while one of the
+    first kind is open (a value spilled while a reader reads it is still in memory)."""
+    table = StreamTable()
+    spill = tmp_path / "spilled"
+    spill.write_bytes(b"y" * 10)
+    on_disk = table.start("y", FileSegments(str(spill), [(0, 10)]), now=0.0)
+    assert not table.in_memory
+    in_memory = table.start("x", serialize(np.ones(1000)), now=0.0)
+    assert table.in_memory
+    table.read(in_memory.stream, 0, sum(in_memory.sizes), now=1.0)  # read to its end
+    assert not table.in_memory and len(table) == 1
+    table.close(on_disk.stream)
+    assert len(table) == 0
 
 
 async def test_a_read_reassembles_the_value_in_parts_with_a_window() -> None:

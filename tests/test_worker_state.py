@@ -1062,3 +1062,12 @@ def test_no_floor_is_measured_while_a_spill_writes_or_an_input_comes() -> None:
     assert feed(s, TasksAssigned(0.0, (task("t", {"y": ("p1",)}),))) == [Fetch(1, "p1", ("y",))]
     assert Trim() not in feed(s, MemorySampled(0.6, 650))  # y comes: not idle
     assert Trim() not in feed(s, MemorySampled(3.0, 650))
+    # A user audit: a 1.5 GB output spilled while the client gathered it from memory;
+    # the stream's views kept it there, and its RSS was taken for a floor of 1.56 GiB.
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("x"),)))
+    finish(s, "x", nbytes=500)
+    feed(s, Spilled(0.5, ("x",)))  # on disk now, its stream still reading it from memory
+    assert Trim() not in feed(s, MemorySampled(0.6, 650, serving=True))
+    assert Trim() not in feed(s, MemorySampled(3.0, 650, serving=True))
+    assert feed(s, MemorySampled(3.1, 650))[0] == Trim()  # read: idle again
