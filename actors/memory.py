@@ -144,6 +144,11 @@ class MemoryConfig:
     execution: Literal["thread", "process"] = "thread"  #: where tasks run
     spill_dir: str | None = None  #: parent directory for spill files (None: system temp)
     disk_limit: int = 0  #: bytes of spill files at most (0: no limit)
+    #: in ``thread`` execution, a worker process whose RSS reaches this fraction of the
+    #: limit stops itself, as dask's nanny restarts a worker: the executing task whose
+    #: RSS rise is largest ends ``oom``, the rest run elsewhere, and its provider starts
+    #: another (None: never; in-process workers never stop themselves)
+    exit: float | None = None
 
     #: options that may be given by name (everything but ``limit``)
     OPTIONS = (
@@ -158,13 +163,14 @@ class MemoryConfig:
         "execution",
         "spill_dir",
         "disk_limit",
+        "exit",
     )
 
     def __post_init__(self) -> None:
         for name in ("spill", "throttle", "terminate", "first_delay", "growth", "max_delay",
-                     "hysteresis", "interval", "disk_limit"):  # fmt: skip
+                     "hysteresis", "interval", "disk_limit", "exit"):  # fmt: skip
             value = getattr(self, name)
-            off = name in ("spill", "terminate")
+            off = name in ("spill", "terminate", "exit")
             if value is None and off:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
@@ -193,6 +199,13 @@ class MemoryConfig:
             raise MemoryConfigError(
                 f"terminate must be above throttle ({self.throttle}) and at most 1, or "
                 f"None; got {self.terminate}"
+            )
+        below = self.terminate if self.terminate is not None else self.throttle
+        if self.exit is not None and not self.exit > below:
+            raise MemoryConfigError(
+                f"exit must be above {'terminate' if self.terminate is not None else 'throttle'}"
+                f" ({below}), or None; got {self.exit} (a fraction of the limit, may be "
+                "over 1: 2.0 stops a thread worker at twice its limit)"
             )
         if self.first_delay <= 0 or self.growth < 1 or self.max_delay < self.first_delay:
             raise MemoryConfigError(
@@ -245,6 +258,11 @@ class MemoryConfig:
     def terminate_at(self) -> int | None:
         """The terminate fence, bytes (None: turned off)."""
         return self.at(self.terminate) if self.terminate is not None else None
+
+    @property
+    def exit_at(self) -> int | None:
+        """Where a thread worker process stops itself, bytes (None: never)."""
+        return self.at(self.exit) if self.exit is not None else None
 
     @property
     def ceiling(self) -> int:

@@ -486,7 +486,7 @@ def _memory_options_key(pool: str, value: object, memory: int) -> dict[str, Any]
                 f"names are: {', '.join(names)} (the worker's "
                 "--memory-options, docs/configuration.md#memory)",
             )  # fmt: skip
-        if name in ("spill", "terminate") and given == "off":
+        if name in ("spill", "terminate", "exit") and given == "off":
             out[name] = None
         elif name == "disk_limit":
             try:

@@ -441,7 +441,13 @@ class Worker(Actor):
         limits = [n for n in (cfg.disk_limit, self.disk) if n]
         store_limit = min(limits) if limits else 0
         #: the pure core: which tasks fetch, wait and run, what memory needs
-        self.state = WorkerState(worker_id, nthreads, cfg, killable=cfg.execution == "process")
+        self.state = WorkerState(
+            worker_id,
+            nthreads,
+            cfg,
+            killable=cfg.execution == "process",
+            exits=on_retire is not None,  # a worker process: it may stop itself
+        )
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=store_limit, sizeof=sizeof)
         self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
@@ -663,6 +669,10 @@ class Worker(Actor):
             self._cancel_running(cmd.key)
         elif isinstance(cmd, ws.Kill):
             self._kill(cmd.key, cmd.rss)
+        elif isinstance(cmd, ws.Exit) and self.on_retire is not None:
+            # Past its exit mark in thread execution (the core reported cmd.key's try
+            # oom): the process leaves, its running threads with it (a nanny's restart)
+            self.on_retire("memory")
         elif isinstance(cmd, ws.CopiesDone):
             waiter = self._copies.pop(cmd.request, None)
             if waiter is not None:

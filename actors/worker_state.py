@@ -50,6 +50,7 @@ from runtime.messages import get_data_batches
 
 __all__ = [
     "ALONE_EVENT",
+    "EXIT_EVENT",
     "FLOOR_EVENT",
     "KEEP_REPLICA_BYTES",
     "RUN_THREADS",
@@ -62,6 +63,7 @@ __all__ = [
     "CopiesRequested",
     "DropRequested",
     "Event",
+    "Exit",
     "Fetch",
     "Forget",
     "InputsFetched",
@@ -95,6 +97,10 @@ KEEP_REPLICA_BYTES = 1 << 20
 FLOOR_EVENT = "memory that is not outputs keeps the worker past its resume mark; marks moved up"
 #: the warning a worker in process execution logs, once per climb past its terminate
 #: fence, when no running task's process grew (:class:`actors.memory.Spared`)
+EXIT_EVENT = (
+    "past the exit mark with tasks in threads, which cannot be killed: the worker stops "
+    "itself, charging the task whose RSS rose most (oom), and its other tasks run elsewhere"
+)
 SPARED_EVENT = (
     "past the terminate fence, but no running task's process grew since its task began: "
     "the memory is the worker process's (outputs, inputs and copies on their way), and "
@@ -265,6 +271,17 @@ class Kill(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Exit(Command):
+    """Stop this worker process now: in thread execution its RSS reached the ``exit``
+    memory option (``rss``), and running task ``key``, charged with it (its try was
+    reported ``oom``), cannot be killed in its thread. The tasks still running here are
+    lost with the worker and run elsewhere."""
+
+    key: Key
+    rss: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Store(Command):
     """Keep ``value`` as output ``key`` (an output made here, or a peer's copy)."""
 
@@ -403,6 +420,7 @@ class WorkerState:
         memory: mem.MemoryConfig,
         *,
         killable: bool = False,
+        exits: bool = False,
         max_fetches: int | None = None,
     ) -> None:
         if nthreads < 1:
@@ -410,6 +428,13 @@ class WorkerState:
         self.worker_id = worker_id
         self.nthreads = nthreads
         self.killable = killable  #: tasks run in processes the terminate fence can kill
+        #: a worker process of its own, which may stop itself (the ``exit`` memory
+        #: option, thread execution); an in-process worker may not end its program
+        self.exits = exits
+        #: it stopped itself past its exit mark (:class:`Exit`): no event is taken since
+        self.exiting = False
+        #: task executing in a thread -> the RSS of the first sample that saw it execute
+        self._base: dict[Key, int] = {}
         self.max_fetches = max(2, 2 * nthreads) if max_fetches is None else max_fetches
         self.governor = mem.MemoryGovernor(memory)
         self.fetching: dict[Key, _Fetching] = {}
@@ -461,6 +486,8 @@ class WorkerState:
 
     def handle(self, *events: Event) -> list[Command]:
         out: list[Command] = []
+        if self.exiting:  # the process is stopping: nothing more is started or told
+            return out
         for ev in events:
             self._now = ev.now
             if isinstance(ev, TasksFinished):
@@ -1051,6 +1078,8 @@ class WorkerState:
         if self.deadlines:
             self._began(ev, running)
         cfg = self.governor.config
+        if not self.killable and self._exit(ev, cfg, out):
+            return
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
         if over and not self.killable and ev.rss >= self.past_peak + PAST_PEAK_STEP * cfg.limit:
             self.past_peak = ev.rss  # the scheduler is told, each step higher
@@ -1088,6 +1117,38 @@ class WorkerState:
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)
+
+    def _exit(self, ev: MemorySampled, cfg: mem.MemoryConfig, out: list[Command]) -> bool:
+        """In thread execution: past the ``exit`` mark with a task executing, charge the
+        executing task whose RSS rose most since a sample first saw it execute with an
+        ``oom`` try and stop the worker (:class:`Exit`), as a nanny would; True then.
+        A thread cannot be killed, and a task that grows on would take the machine."""
+        base, running = self._base, self.running
+        for k in [k for k in base if k not in running]:
+            del base[k]
+        for k in ev.executing:
+            base.setdefault(k, ev.rss)
+        bound = cfg.exit_at
+        executing = [k for k in ev.executing if k in running]
+        if bound is None or not self.exits or ev.rss < bound or not executing:
+            return False
+        key = max(executing, key=lambda k: ev.rss - base[k])  # the first of a tie
+        seconds = dict(ev.executed).get(key, 0.0)
+        result = TaskResult(
+            key,
+            "oom",
+            ev.now - seconds,
+            ev.now,
+            rss=ev.rss,
+            rss_before=base[key],
+            rss_peak=max(self._peaks.get(key, 0), ev.rss),
+            attempt=running[key].attempt,
+        )
+        fields = (("key", key), ("rss", ev.rss), ("exit_at", bound), ("limit", cfg.limit),
+                  ("rise", ev.rss - base[key]), ("lost", len(running) - 1))  # fmt: skip
+        out += [Log("error", EXIT_EVENT, fields), ReportDone((result,)), Exit(key, ev.rss)]
+        self.exiting = True
+        return True
 
     def _tell_started(self, executed: tuple[tuple[Key, float], ...], out: list[Command]) -> None:
         """Tell the scheduler, once per try, of each one executing for ``STARTED_AFTER``

@@ -4108,7 +4108,9 @@ async def run_worker(
         raise fatal[0]
     if left is not None:
         waited = farewell[0] if farewell else 0.0
-        left(worker_id, leaving_words(cause, manager_stopped=bool(farewell), waited=waited))
+        # (past its exit mark: it leaves as a drained worker does, in words of its own)
+        said = "memory" if retired and retired[0] == "memory" else cause
+        left(worker_id, leaving_words(said, manager_stopped=bool(farewell), waited=waited))
 
 
 async def port_takes_connections(address: str) -> bool:
@@ -4153,6 +4155,8 @@ def leaving_words(cause: str, *, manager_stopped: bool, waited: float = 0.0) -> 
         "walltime": "its walltime ends (--deadline)",
         "preempted": "stopped by a signal inside a Slurm job (preempted)",
         "shutdown": f"stopped by a signal ({STOP_SIGNALS})",
+        "memory": "stopped itself past its exit mark (its tasks run in threads, which "
+        "cannot be killed: the memory option exit)",
     }.get(cause, cause)
 
 

@@ -149,7 +149,7 @@ def test_a_pools_memory_options_are_its_workers_fences() -> None:
     [
         ({"spil": 0.5}, "memory_options.spil",
          "is unknown; did you mean 'memory_options.spill'? The names are: spill, throttle, "
-         "terminate, first_delay, growth, max_delay, hysteresis, interval, disk_limit (the "
+         "terminate, first_delay, growth, max_delay, hysteresis, interval, disk_limit, exit (the "
          "worker's --memory-options, docs/configuration.md#memory)"),
         ({"execution": "process"}, "memory_options.execution",
          "is a pool key of its own: write execution = 'process' in the pool's table, beside "

@@ -322,3 +322,40 @@ async def test_a_thread_task_holding_most_of_its_workers_memory_runs_to_its_end(
             assert await future == HELD
             st = await c.status()
     assert st["tasks_by_state"] == {"memory": 1}
+
+
+def creeping_hog(nbytes: int) -> int:
+    """Grow by 16 MiB steps to ``nbytes`` (a bound, should the worker not stop it), then
+    hold them for a minute: a hog a thread's terminate fence cannot stop."""
+    blocks = [np.ones(2**21) for _ in range(nbytes // 2**24)]  # (each 16 MiB, touched)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(blocks)
+
+
+async def test_a_thread_worker_past_its_exit_mark_stops_itself_and_another_takes_its_place() -> (
+    None
+):
+    """The user audit's thread hog grew a 1 GiB worker to 14.7 GB. With the memory
+    option ``exit`` (1.5: at 1.5 times its limit) the worker process stops itself, as a
+    nanny would restart it: the hog's try ends ``oom`` (``TaskOutOfMemory``, not retried
+    on a worker no larger), and ``Cluster(processes=1)`` starts another worker, which
+    runs the next task."""
+    options = {"spill": None, "exit": 1.5}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            processes=1, port=free_port(), memory_per_worker=MEMORY, memory_options=options
+        ) as c:
+            await c.wait_for_workers(1, timeout=60)
+            (before,) = [w.worker_id for w in (await c.status())["workers"]]
+            with pytest.raises(TaskOutOfMemory) as info:
+                await c.submit(creeping_hog, 3 * MEMORY)
+            assert await c.submit(sum, [1, 2, 3]) == 6  # on the worker in its place
+            st = await c.status()
+    err = info.value
+    assert err.worker == before and err.limit == MEMORY and err.tries == 1
+    assert 1.5 * MEMORY <= err.rss < 3 * MEMORY, err.rss >> 20
+    assert "with a memory limit above" in err.nowhere
+    assert [w.worker_id for w in st["workers"]] not in ([], [before])
+    assert st["categories"]["creeping_hog"]["oom"] == 1

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 from actors.memory import SPILL_GRACE, MemoryConfig, floor_at_start
 from actors.protocol import TaskResult, ToRun, past_limit_logged
 from actors.worker_state import (
+    EXIT_EVENT,
     FLOOR_EVENT,
     PAST_FENCE_IN_THREADS,
     SPARED_EVENT,
@@ -36,6 +37,7 @@ from actors.worker_state import (
     CopiesRequested,
     DropRequested,
     Event,
+    Exit,
     Fetch,
     Forget,
     InputsFetched,
@@ -58,7 +60,13 @@ from actors.worker_state import (
     Trim,
     WorkerState,
 )
-from runtime.errors import DiskFull, TaskTimeout, ValueTooLarge, floor_warning
+from runtime.errors import (
+    DiskFull,
+    MemoryConfigError,
+    TaskTimeout,
+    ValueTooLarge,
+    floor_warning,
+)
 from runtime.graph import Key, Task
 
 MB = 1 << 20
@@ -82,7 +90,9 @@ def task(
 
 def state(nthreads: int = 1, **options: Any) -> WorkerState:
     killable = options.pop("killable", False)
-    return WorkerState("w", nthreads, MemoryConfig.of(LIMIT, options), killable=killable)
+    exits = options.pop("exits", False)
+    cfg = MemoryConfig.of(LIMIT, options)
+    return WorkerState("w", nthreads, cfg, killable=killable, exits=exits)
 
 
 def feed(s: WorkerState, *events: Event) -> list[Command]:
@@ -1071,3 +1081,51 @@ def test_no_floor_is_measured_while_a_spill_writes_or_an_input_comes() -> None:
     assert Trim() not in feed(s, MemorySampled(0.6, 650, serving=True))
     assert Trim() not in feed(s, MemorySampled(3.0, 650, serving=True))
     assert feed(s, MemorySampled(3.1, 650))[0] == Trim()  # read: idle again
+
+
+# ----------------------------------------------------------------------------- exit
+
+
+def test_a_thread_worker_past_its_exit_mark_charges_the_task_that_grew_and_stops() -> None:
+    """A user audit's memory hog grew a thread worker to 14.7 GB against its 1 GiB
+    limit: a thread cannot be killed. With the ``exit`` option a worker process stops
+    itself there, as dask's nanny restarts a worker: the executing task whose RSS rose
+    most since a sample first saw it execute ends ``oom`` (the scheduler's retry rules
+    and ``TaskOutOfMemory`` follow), the others are lost with the worker, and nothing
+    is taken or told after."""
+    s = state(nthreads=2, exit=1.5, exits=True)
+    a, b = task("a"), task("b")
+    assert feed(s, TasksAssigned(0.0, (a, b))) == [Submit(a), Submit(b)]
+    feed(s, MemorySampled(0.1, 300, executing=("a",), executed=(("a", 0.1),)))
+    feed(s, MemorySampled(0.2, 900, executing=("a", "b"), executed=(("a", 0.2), ("b", 0.1))))
+    # past the limit (1000) and the terminate fence, under the exit mark (1500): runs on
+    out = feed(s, MemorySampled(0.3, 1400, executing=("a", "b"), executed=(("a", 0.3), ("b", 0.2))))
+    assert not [c for c in out if isinstance(c, Exit | ReportDone)] and not s.exiting
+    sample = MemorySampled(0.5, 1600, executing=("a", "b"), executed=(("a", 0.5), ("b", 0.4)))
+    out = feed(s, sample)
+    charged = TaskResult("a", "oom", 0.0, 0.5, rss=1600, rss_before=300, rss_peak=1600)
+    assert out[-2:] == [ReportDone((charged,)), Exit("a", 1600)]  # a rose 1300, b 700
+    assert out[-3] == Log("error", EXIT_EVENT, (("key", "a"), ("rss", 1600), ("exit_at", 1500),
+                         ("limit", LIMIT), ("rise", 1300), ("lost", 1)))  # fmt: skip
+    assert s.exiting
+    assert feed(s, TasksFinished(0.6, (ok("a"), ok("b")))) == []  # stopping: nothing more
+    assert feed(s, TasksAssigned(0.7, (task("c"),))) == []
+
+
+def test_no_worker_stops_itself_without_the_option_a_process_of_its_own_or_a_task() -> None:
+    """Without ``exit`` a thread worker runs past its limit, as before; an in-process
+    worker (``exits`` False) never ends its program; in ``process`` execution the
+    terminate fence kills the task instead; and memory with no task executing (outputs,
+    copies) is not a task's to be charged with."""
+    past = MemorySampled(0.5, 1600, executing=("a",), executed=(("a", 0.5),))
+    for s in (state(exits=True), state(exit=1.5), state(exit=1.5, exits=True, killable=True)):
+        feed(s, TasksAssigned(0.0, (task("a"),)))
+        feed(s, MemorySampled(0.1, 300, executing=("a",), executed=(("a", 0.1),)))
+        out = feed(s, past)
+        assert not [c for c in out if isinstance(c, Exit)] and not s.exiting
+    s = state(exit=1.5, exits=True)
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    assert not [c for c in feed(s, MemorySampled(0.5, 1600)) if isinstance(c, Exit)]
+    with pytest.raises(MemoryConfigError, match=r"exit must be above terminate \(0.95\)"):
+        MemoryConfig.of(LIMIT, {"exit": 0.9})
+    assert MemoryConfig.of(LIMIT, {"exit": 2.0}).exit_at == 2 * LIMIT
