@@ -86,6 +86,7 @@ import contextlib
 import ctypes
 import errno
 import faulthandler
+import functools
 import inspect
 import math
 import multiprocessing
@@ -1436,12 +1437,17 @@ def _send(conn: Connection, header: Any, parts: Iterable[memoryview]) -> None:
         _write_all(fd, part)
 
 
-def _receive(conn: Connection) -> tuple[Any, list[bytearray | memoryview]] | None:
-    """The other end's :func:`_send`: ``(header, parts)``; None for the stop message."""
+def _receive(
+    conn: Connection, on_header: Callable[[Any], None] | None = None
+) -> tuple[Any, list[bytearray | memoryview]] | None:
+    """The other end's :func:`_send`: ``(header, parts)``; None for the stop message.
+    ``on_header`` is called with the header before the parts are read."""
     msg = unpickling.loads(conn.recv_bytes())
     if msg is None:
         return None
     header, sizes = msg
+    if on_header is not None:
+        on_header(header)
     fd = conn.fileno()
     return header, [_read_exactly(fd, n) for n in sizes]
 
@@ -1766,6 +1772,7 @@ class _Slot:
         "pid",
         "pidfd",
         "process",
+        "returning",
         "since",
         "start_error",
         "tasks",
@@ -1783,6 +1790,9 @@ class _Slot:
         self.since = 0.0  #: when that task started (time.monotonic)
         self.began_rss = 0  #: the task process's RSS when that task was sent to it
         self.killed: str | None = None  #: the outcome :meth:`ProcessExecutor.kill` gave it
+        #: its task returned: its result is on its way to the worker (not killed for
+        #: memory then: the work is done, and the copy is the result's own)
+        self.returning = False
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
         self.start_error: BaseException | None = None
@@ -1872,13 +1882,16 @@ class ProcessExecutor(BaseExecutor):
         ``"cancelled"`` or ``"error"``), no error and the process's RSS when it was
         killed, even if the task finished at that very moment; the slot gets a fresh
         task process. A queued task, one that is not running here, or one already killed
-        is left alone: False.
+        is left alone: False; so is one whose result is on its way (``oom`` only: its
+        work is done, :meth:`_returning`).
         """
         if outcome not in _KILL_OUTCOMES:
             raise ValueError(f"kill outcome must be one of {sorted(_KILL_OUTCOMES)}")
         with self._state:
             for slot in self._slots:
                 if slot.key is not None and slot.killed is None and slot.key == key:
+                    if outcome == "oom" and slot.returning:
+                        return False
                     # (no walk of its programs here: what the last one found)
                     slot.kill_rss = slot.tree.rss(walk=False) if slot.tree else 0
                     slot.killed = outcome
@@ -1904,8 +1917,12 @@ class ProcessExecutor(BaseExecutor):
         """Keys running now (not killed) -> the RSS of the task process running each
         with the programs it started (:func:`tree_rss`), and :meth:`total_rss`, from
         one read of each task process's tree."""
-        with self._state:
-            slots = [(s.tree, s.key if s.killed is None else None) for s in self._slots if s.tree]
+        with self._state:  # (a returning task is done: no kill is its to take)
+            slots = [
+                (s.tree, s.key if s.killed is None and not s.returning else None)
+                for s in self._slots
+                if s.tree
+            ]
         trees = [(key, tree.rss()) for tree, key in slots]
         return {key: n for key, n in trees if key is not None}, rss() + sum(n for _, n in trees)
 
@@ -2001,7 +2018,7 @@ class ProcessExecutor(BaseExecutor):
             while reply is None:  # the task's checkpoint requests, then its result
                 if conn not in multiprocessing.connection.wait([conn, process.sentinel]):
                     raise EOFError("the task process ended without a reply")
-                got = _receive(conn)
+                got = _receive(conn, functools.partial(self._returning, slot))
                 if got is not None and got[0][0] == "checkpoint":
                     self._child_checkpoint(conn, got[0])
                 else:
@@ -2010,7 +2027,7 @@ class ProcessExecutor(BaseExecutor):
         except Exception as exc:
             failure = exc
         with self._state:
-            killed, slot.key = slot.killed, None
+            killed, slot.key, slot.returning = slot.killed, None, False
         if killed is not None:
             now = time.time()
             outcome = cast(_Outcome, killed)
@@ -2027,6 +2044,16 @@ class ProcessExecutor(BaseExecutor):
         if left:
             self._left_running(key, left)
         return self._result(slot, key, header, reply[1])
+
+    def _returning(self, slot: _Slot, header: Any) -> None:
+        """A message's header came from ``slot``'s task process: its task's result
+        (anything but a checkpoint request) is on its way, part by part. The worker
+        holds it twice until the task process lets its copy go: a user audit's 500 MB
+        output of a 1 GiB worker passed the terminate fence so, and its finished task
+        was killed (``TaskOutOfMemory``, blaming the worker's floor)."""
+        if header[0] != "checkpoint":
+            with self._state:
+                slot.returning = True
 
     def _left_running(self, key: Key, left: list[tuple[str, int, int]]) -> None:
         """Say that task ``key`` left programs running when it returned, which its task

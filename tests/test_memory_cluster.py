@@ -359,3 +359,27 @@ async def test_a_thread_worker_past_its_exit_mark_stops_itself_and_another_takes
     assert "with a memory limit above" in err.nowhere
     assert [w.worker_id for w in st["workers"]] not in ([], [before])
     assert st["categories"]["creeping_hog"]["oom"] == 1
+
+
+def large_output(nbytes: int) -> Any:
+    return np.ones(nbytes // 8)
+
+
+async def test_a_task_process_s_large_result_on_its_way_to_the_worker_is_not_killed() -> None:
+    """A user audit's 500 MB output on a 1 GiB process worker: while the result came
+    from the task process, the worker held it twice (the task process's copy and the
+    one arriving), passed its terminate fence, and the finished task was killed
+    (``TaskOutOfMemory``, the arriving copy blamed as the worker's floor). A task whose
+    result is on its way is done: not killed. Here 45% of the limit: the task process
+    (about 60 MiB alone) and the worker (about 75 MiB) hold 2 x 180 MiB at once."""
+    options = {"execution": "process", "spill": None}
+    nbytes = 180 * 2**20
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            processes=1, port=free_port(), memory_per_worker=MEMORY, memory_options=options
+        ) as c:
+            await c.wait_for_workers(1, timeout=60)
+            value = await c.submit(large_output, nbytes)
+            st = await c.status()
+    assert value.nbytes == nbytes and value[-1] == 1.0
+    assert st["categories"]["large_output"]["oom"] == 0
