@@ -461,6 +461,7 @@ class TaskState:
         "lost_tries",
         "nbytes",
         "oom_alone",
+        "oom_exited",
         "oom_own",
         "oom_rest",
         "oom_worker_floor",
@@ -590,6 +591,9 @@ class TaskState:
         #: memory: the worker's floor (its own process, its other task processes, copies
         #: on their way; 0: not known)
         self.oom_rest = 0
+        #: that try's worker ran its tasks in threads and stopped itself past its exit
+        #: mark (the memory option ``exit``): it was not killed at the terminate fence
+        self.oom_exited = False
         #: retries beyond its budget (free, or charged with none left): at most
         #: ``SchedulerConfig.max_free_retries``
         self.free_retries = 0

@@ -1608,6 +1608,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.lost_tries = ts.lost_since_saved = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
                 ts.oom_own = ts.oom_worker_floor = ts.oom_rest = 0
+                ts.oom_exited = False
                 ts.free_retries = 0
                 ts.behind = False
                 ts.unneeded = False
@@ -2326,10 +2327,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 alone = False
             ts.oom_alone += (alone,)
             ts.oom_own, ts.oom_worker_floor, ts.oom_rest = own, ws.floor, rest
+            # a thread worker stops itself (exit); a task process tells its own RSS
+            ts.oom_exited = not ws.contained and not own
             tries = len(ts.tries) + 1
             error = TaskOutOfMemory(
                 str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms,
-                own=own, floor=ws.floor, rest=rest,
+                own=own, floor=ws.floor, rest=rest, exited=ts.oom_exited,
             )  # fmt: skip
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
@@ -3515,6 +3518,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         err = TaskOutOfMemory(
             str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere,
             own=ts.oom_own, floor=ts.oom_worker_floor, rest=ts.oom_rest,
+            exited=ts.oom_exited,
         )  # fmt: skip
         self._log(ts.key, "oom", f"not retried: {nowhere}")
         self._fail(ts, err)

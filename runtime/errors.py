@@ -1255,7 +1255,9 @@ class TaskOutOfMemory(CorralError):
     size, which the message then leads with (docs/memory.md); ``rest``: of ``rss``, what
     was neither the task's own process nor outputs in memory (the worker's process with
     its libraries, its other task processes, copies on their way: its floor; 0: not
-    known), which the message states when it is ``FLOOR_SHARE`` of ``rss`` or more."""
+    known), which the message states when it is ``FLOOR_SHARE`` of ``rss`` or more.
+    ``exited``: that worker ran its tasks in threads, which cannot be killed, and
+    stopped itself past its exit mark (the memory option ``exit``)."""
 
     def __init__(
         self,
@@ -1270,6 +1272,7 @@ class TaskOutOfMemory(CorralError):
         own: int = 0,
         floor: int = 0,
         rest: int = 0,
+        exited: bool = False,
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
         # one unit in all: MiB while every limit and peak is under a GiB
@@ -1300,6 +1303,17 @@ class TaskOutOfMemory(CorralError):
                 "libraries, its other task processes, copies on their way)"
             )
         cause = advice = ""
+        fence = "past the terminate fence"
+        fraction = "raise the terminate fraction"
+        if exited:  # a thread cannot be killed: its worker process stopped itself
+            fence = (
+                "past its exit mark: its tasks run in threads, which cannot be killed, so "
+                "the worker stopped itself and another takes its place"
+            )
+            fraction = (
+                "raise the exit fraction (memory_options exit), or run the workers with "
+                "execution 'process', where the terminate fence kills the task alone"
+            )
         if floor:  # the worker's own memory filled it, not the task's
             cause = (
                 f" Memory that is not outputs was {size(floor)} of that worker's "
@@ -1312,19 +1326,19 @@ class TaskOutOfMemory(CorralError):
             advice = (
                 " With a floor that large, smaller chunks shrink only the rest: "
                 f"{FLOOR_ADVICE}; or "
-                "make the task's chunks smaller, or raise the terminate fraction."
+                f"make the task's chunks smaller, or {fraction}."
                 f"{dask_chunks_hint(key)}"
             )
         else:
             advice = (
                 " Give workers more memory (--memory, a pool's memory_per_worker), make "
-                "the task's chunks smaller, or raise the terminate fraction."
+                f"the task's chunks smaller, or {fraction}."
                 f"{dask_chunks_hint(key)}"
             )
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
-            f"{size(rss)} of its {size(limit)} limit while the task ran{itself}, past the "
-            f"terminate fence ({n_tries}).{cause} Killed for memory {times}: {each}.{why}"
+            f"{size(rss)} of its {size(limit)} limit while the task ran{itself}, {fence} "
+            f"({n_tries}).{cause} Killed for memory {times}: {each}.{why}"
             f"{advice}",
             key=key,
             worker=worker,
@@ -1336,6 +1350,7 @@ class TaskOutOfMemory(CorralError):
             own=own,
             floor=floor,
             rest=rest,
+            exited=exited,
         )
 
 

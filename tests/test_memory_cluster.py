@@ -356,6 +356,8 @@ async def test_a_thread_worker_past_its_exit_mark_stops_itself_and_another_takes
     err = info.value
     assert err.worker == before and err.limit == MEMORY and err.tries == 1
     assert 1.5 * MEMORY <= err.rss < 3 * MEMORY, err.rss >> 20
+    assert err.exited and "the worker stopped itself" in str(err)
+    assert "raise the exit fraction (memory_options exit)" in str(err)
     assert "with a memory limit above" in err.nowhere
     assert [w.worker_id for w in st["workers"]] not in ([], [before])
     assert st["categories"]["creeping_hog"]["oom"] == 1
