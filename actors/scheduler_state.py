@@ -2333,6 +2333,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             error = TaskOutOfMemory(
                 str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms,
                 own=own, floor=ws.floor, rest=rest, exited=ts.oom_exited,
+                copied=ts.in_nbytes if own else 0,
             )  # fmt: skip
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
@@ -3518,7 +3519,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         err = TaskOutOfMemory(
             str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere,
             own=ts.oom_own, floor=ts.oom_worker_floor, rest=ts.oom_rest,
-            exited=ts.oom_exited,
+            exited=ts.oom_exited, copied=ts.in_nbytes if ts.oom_own else 0,
         )  # fmt: skip
         self._log(ts.key, "oom", f"not retried: {nowhere}")
         self._fail(ts, err)

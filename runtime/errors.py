@@ -1239,6 +1239,11 @@ def dask_chunks_hint(key: str) -> str:
     )
 
 
+#: a killed try's inputs in memory at this share of its worker's limit or more are named
+#: in its :class:`TaskOutOfMemory` (process execution holds them twice)
+COPIED_SHARE = 0.25
+
+
 class TaskOutOfMemory(CorralError):
     """A task was killed at its worker's terminate fence too often to retry it, or no
     worker with a larger memory limit than those it was killed on is there or can come.
@@ -1257,7 +1262,10 @@ class TaskOutOfMemory(CorralError):
     its libraries, its other task processes, copies on their way: its floor; 0: not
     known), which the message states when it is ``FLOOR_SHARE`` of ``rss`` or more.
     ``exited``: that worker ran its tasks in threads, which cannot be killed, and
-    stopped itself past its exit mark (the memory option ``exit``)."""
+    stopped itself past its exit mark (the memory option ``exit``). ``copied``: the
+    bytes of its inputs held in memory, which process execution copies into its task
+    process (so the worker holds them twice while it runs); stated when ``own`` is
+    known and they are ``COPIED_SHARE`` of ``limit`` or more."""
 
     def __init__(
         self,
@@ -1273,6 +1281,7 @@ class TaskOutOfMemory(CorralError):
         floor: int = 0,
         rest: int = 0,
         exited: bool = False,
+        copied: int = 0,
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
         # one unit in all: MiB while every limit and peak is under a GiB
@@ -1301,6 +1310,15 @@ class TaskOutOfMemory(CorralError):
                 f", and {size(rest)} ({rest / rss:.0%}) was the worker's floor, neither "
                 "that process nor outputs in memory (the worker's own process with its "
                 "libraries, its other task processes, copies on their way)"
+            )
+        twice = ""
+        if own and limit and copied >= COPIED_SHARE * limit:  # a user audit's 350 MB chain
+            twice = (
+                f" Its inputs, {size(copied)}, were in the task process as a copy of the "
+                "worker's own: process execution copies a task's inputs into its task "
+                "process, so the worker holds them twice while it runs. For inputs this "
+                "large run the workers with execution 'thread', or make them file outputs "
+                "(docs/files.md), which the task reads from disk."
             )
         cause = advice = ""
         fence = "past the terminate fence"
@@ -1338,7 +1356,7 @@ class TaskOutOfMemory(CorralError):
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
             f"{size(rss)} of its {size(limit)} limit while the task ran{itself}, {fence} "
-            f"({n_tries}).{cause} Killed for memory {times}: {each}.{why}"
+            f"({n_tries}).{cause}{twice} Killed for memory {times}: {each}.{why}"
             f"{advice}",
             key=key,
             worker=worker,
@@ -1351,6 +1369,7 @@ class TaskOutOfMemory(CorralError):
             floor=floor,
             rest=rest,
             exited=exited,
+            copied=copied,
         )
 
 

@@ -1615,3 +1615,28 @@ def test_a_task_failed_for_memory_and_submitted_again_starts_afresh(make_state: 
     cmds = submit(s, {"hog-0": []}, ["hog-0"])
     assert assigned(cmds) == {"w1": ["hog-0"]}
     assert s.tasks["hog-0"].ooms == () and s.tasks["hog-0"].oom_tries == 1
+
+
+def test_a_kill_in_process_execution_names_the_inputs_held_twice(make_state: Factory) -> None:
+    """A user audit's chain of 350 MB arrays on 1 GiB process workers: each step's
+    input was the worker's stored output and its task process's copy, and the step was
+    killed with 0.53 GiB its own, the error silent on the copy. It names the inputs
+    (a quarter of the limit or more) and what helps; smaller inputs are not named."""
+    s = make_state()
+    join(s, "w1", memory=GB)
+    submit(s, {"load": [], "step": ["load"]}, ["step"])
+    assert assigned(finish(s, "w1", "load", nbytes=350 * MB)) == {"w1": ["step"]}
+    cmds = finish(s, "w1", "step", "oom", rss=int(0.96 * GB), rss_peak=int(0.96 * GB),
+                  own_rss=540 * MB)  # fmt: skip
+    (erred,) = of(cmds, KeyErred)
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and err.copied == 350 * MB
+    assert (
+        "Its inputs, 0.34 GiB, were in the task process as a copy of the worker's own: "
+        "process execution copies a task's inputs into its task process, so the worker "
+        "holds them twice while it runs. For inputs this large run the workers with "
+        "execution 'thread', or make them file outputs (docs/files.md)" in str(err)
+    )
+    small = TaskOutOfMemory("k", "w1", GB, GB, 1, own=500 * MB, copied=GB // 4 - 1)
+    assert "as a copy of the worker's own" not in str(small)
+    assert "as a copy" not in str(TaskOutOfMemory("k", "w1", GB, GB, 1, copied=GB))  # own?
