@@ -113,6 +113,7 @@ from runtime.task import checkpoint, checkpoint_file, restore, restore_path
 
 if TYPE_CHECKING:
     from runtime.client import Cluster, Future, futures_of, get
+    from runtime.sync_client import Client, ClientFuture
 
 # This package holds both the base layer (kernel, messages, errors, ...) and the user API
 # (runtime.client) on top of the actors, which import the base. Python runs this file
@@ -122,13 +123,14 @@ if TYPE_CHECKING:
 # user API is re-exported on first use (PEP 562); the base is re-exported eagerly.
 # docs/architecture.md, "Layers"; tests/test_layers.py checks both.
 _USER_API = {"Cluster", "Future", "futures_of", "get"}
+_SYNC_API = {"Client", "ClientFuture"}  # runtime.sync_client: a Cluster on a thread of its own
 
 
 def __getattr__(name: str) -> Any:
-    if name in _USER_API:
-        from runtime import client
+    if name in _USER_API or name in _SYNC_API:
+        from runtime import client, sync_client
 
-        value = getattr(client, name)
+        value = getattr(sync_client if name in _SYNC_API else client, name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")
@@ -149,6 +151,8 @@ __all__ = [
     "BatchSystemError",
     "CancelledError",
     "CheckpointError",
+    "Client",
+    "ClientFuture",
     "Clock",
     "Cluster",
     "ClusterAlreadyStarted",

@@ -3056,7 +3056,8 @@ class Cluster:
                 exc.add_note(
                     f"(it is {holders[0]!r}, started earlier in this process and "
                     "still running: `await old.close()` frees the port, old being the "
-                    "variable that held it, or Cluster.running()[i])"
+                    "variable that held it, or Cluster.running()[i]; a runtime.Client: "
+                    "`old.close()`, not awaited)"
                 )
             raise
 
@@ -3146,7 +3147,10 @@ class Cluster:
         ``on_stop`` is cut, and the others still stop in order).
 
         Raises :class:`~runtime.errors.ActorCrashed` if one of them crashed for good.
+        ``CorralError`` in another event loop than the cluster's, nothing closed.
         """
+        if self._system is not None:
+            self._refuse_other_loop()
         system, self._system = self._system, None
         if system is None:
             return
@@ -3213,7 +3217,11 @@ class Cluster:
     #: start() is under way (its actors and workers are not all there yet)
     _starting = False
 
-    def _require(self) -> None:
+    def _require(self, *, any_loop: bool = False) -> None:
+        """Raise ``CorralError`` unless the cluster runs; unless ``any_loop``, also
+        where another event loop than the cluster's runs in this thread."""
+        if not any_loop:
+            self._refuse_other_loop()
         stalls = getattr(getattr(self, "_plane", None), "stalls", None)
         while stalls:  # its manager's loop (ours) was blocked since the last call: say so
             _log.warning("the event loop was blocked before this call", **stalls.pop(0))
@@ -3239,6 +3247,22 @@ class Cluster:
                 "the cluster is not running; use `async with Cluster() as c:` inside an "
                 "async function, or `await cluster.start()` there (and `await "
                 "cluster.close()` once done)"
+            )
+
+    def _refuse_other_loop(self) -> None:
+        """``CorralError`` for a call made in another event loop than the one the cluster
+        runs in (a :class:`runtime.Client`'s thread, another ``asyncio.run``), whose
+        waits would never be woken: its close, shielded, would hang that loop for good."""
+        loop = self._loop
+        if self._system is None or loop is None or loop.is_closed() or not _in_running_loop():
+            return
+        if asyncio.get_running_loop() is not loop:
+            raise CorralError(
+                "this Cluster runs in another event loop than the one this call is made "
+                "in (a runtime.Client's thread, or another asyncio.run), and its calls "
+                "are made there. A Client's cluster: use the Client's own methods "
+                "(client.close(), client.gather(futures)); another loop's: call it in "
+                "that loop, or from a thread with cluster.get / cluster.run_sync"
             )
 
     # -- showing it ------------------------------------------------------------------
@@ -3891,7 +3915,7 @@ class Cluster:
         synchronous calls for code in another thread: :attr:`get`, :meth:`run_sync`);
         an interrupt of the wait cancels it. ``CorralError`` in the loop's own thread,
         which the wait would block: ``waits``, say what; ``there``, what to use there."""
-        self._require()
+        self._require(any_loop=True)
         loop = self._loop
         assert loop is not None  # set by start, as _system is
         if _in_running_loop() and asyncio.get_running_loop() is loop:
@@ -3899,16 +3923,7 @@ class Cluster:
                 f"{waits}, and called in the cluster's own event loop it would block the "
                 f"loop that runs it. There, use {there}"
             )
-
-        async def main() -> Any:
-            return await work()
-
-        done = asyncio.run_coroutine_threadsafe(main(), loop)
-        try:
-            return done.result()
-        except BaseException:  # an interrupt of the wait: end the work too
-            done.cancel()
-            raise
+        return wait_on_loop(loop, work)
 
     async def gather(self, futures: Sequence[Future], *, root_errors: bool = False) -> list[Any]:
         """Wait for ``futures`` and return their values in order.
@@ -4316,7 +4331,7 @@ class Cluster:
     def scheduler_state(self) -> Any:
         """The scheduler's core state, read-only (for statistics and tests). Only for
         an embedded cluster: a remote one answers ``status()`` instead."""
-        self._require()
+        self._require(any_loop=True)
         if self.address is not None:
             raise CorralError("scheduler_state is only there for an embedded cluster")
         return self._scheduler_actor.state
@@ -4594,7 +4609,8 @@ def _warn_running(cluster: Cluster) -> None:
             running=[repr(c) for c in running],
             advice="a notebook cell run again makes a new Cluster and leaves the old one "
             "running. Close the old one with `await old.close()` (old: the variable that "
-            "held it, or Cluster.running()[i]); it is not closed for you",
+            "held it, or Cluster.running()[i]; a runtime.Client: `old.close()`, not "
+            "awaited); it is not closed for you",
         )
 
 
@@ -4784,6 +4800,21 @@ class _GetHelper:
             loop, task = started
             with contextlib.suppress(RuntimeError):  # its loop has closed: it ended
                 loop.call_soon_threadsafe(task.cancel)
+
+
+def wait_on_loop(loop: asyncio.AbstractEventLoop, work: Callable[[], Awaitable[Any]]) -> Any:
+    """``work()`` run on ``loop`` (another thread's), waited for in this thread; an
+    interrupt of the wait (Ctrl-C: ``KeyboardInterrupt``) cancels it, then goes on."""
+
+    async def main() -> Any:
+        return await work()
+
+    done = asyncio.run_coroutine_threadsafe(main(), loop)
+    try:
+        return done.result()
+    except BaseException:  # an interrupt of the wait: end the work too
+        done.cancel()
+        raise
 
 
 def _in_running_loop() -> bool:

@@ -71,7 +71,8 @@ async def test_a_failed_start_says_it_failed_and_the_cluster_may_start_again() -
             assert notes[1].endswith(
                 "(cluster.dashboard_link opens it: it carries the read token)>, started "
                 "earlier in this process and still running: `await old.close()` frees the "
-                "port, old being the variable that held it, or Cluster.running()[i])"
+                "port, old being the variable that held it, or Cluster.running()[i]; a "
+                "runtime.Client: `old.close()`, not awaited)"
             )
             assert repr(again) == (
                 f"<Cluster start failed: error AddressInUse: {why}; next remove the cause "
@@ -112,8 +113,8 @@ async def test_a_second_running_cluster_is_warned_of_and_the_first_keeps_running
                 assert (
                     "advice='a notebook cell run again makes a new Cluster and leaves the "
                     "old one running. Close the old one with `await old.close()` (old: the "
-                    "variable that held it, or Cluster.running()[i]); it is not closed for "
-                    "you'"
+                    "variable that held it, or Cluster.running()[i]; a runtime.Client: "
+                    "`old.close()`, not awaited); it is not closed for you'"
                 ) in said
                 assert Cluster.running() == [first, second]
                 assert await first.submit(abs, -1) == 1  # not closed for the user

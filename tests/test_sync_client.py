@@ -1,0 +1,172 @@
+"""runtime.Client: a Cluster on an event loop of its own thread, with synchronous calls,
+as a notebook user of dask.distributed's Client expects.
+
+The tests reproduce a notebook kernel's conditions in the main thread: an event loop
+running there (an anyio test, as a cell's top-level ``await`` runs in the kernel's loop),
+a cell that blocks that loop with local work, and a Ctrl-C (the stop button) arriving as
+``KeyboardInterrupt`` in the main thread while a call waits. Every test is bounded
+(pytest-timeout: the calls block); tasks wait on ``threading.Event`` gates the test
+sets, with a timeout of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import dask
+import pytest
+
+from runtime import Client, ClientFuture
+from runtime.errors import CorralError, UnknownPolicyError
+
+BOUND = 20  # seconds any single test may take (blocking calls: pytest-timeout bounds it)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(BOUND)]
+
+GATE = 10  # seconds a gated task waits at most before giving up
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def _waits_in(thread: int, function: str, limit: float) -> bool:
+    """Whether ``thread`` comes to wait inside a call of ``function`` within ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back
+        time.sleep(0.01)
+    return False
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "corral-client-loop"]
+
+
+async def test_the_cluster_runs_tasks_while_the_calling_loop_is_blocked() -> None:
+    """A notebook cell that computes locally blocks the kernel's event loop: an embedded
+    Cluster's scheduler stops with it (tasks not yet sent wait for the cell's end). The
+    Client's cluster runs on a loop of its own: all four tasks, one at a time on its one
+    worker thread, finish while this (running) loop is blocked in a synchronous wait."""
+    done = threading.Event()
+    seen: list[int] = []
+
+    def record(i: int) -> int:
+        seen.append(i)
+        if len(seen) == 4:
+            done.set()
+        return i
+
+    with Client(workers=1, threads_per_worker=1) as client:
+        futures = client.map(record, range(4), pure=False)
+        assert done.wait(GATE), f"only {seen} ran while the calling loop was blocked"
+        assert client.gather(futures) == [0, 1, 2, 3]
+
+
+async def test_synchronous_calls_work_inside_a_running_loop() -> None:
+    """dask.distributed's habits in a notebook cell: ``fut.result()``, a future as a
+    dependency, ``client.gather``, ``client.compute``, ``x.compute()`` on the cluster
+    (set as dask's scheduler until close), and ``await fut`` in the cell's own loop."""
+    before = dask.config.get("scheduler", None)
+    with Client(workers=1) as client:
+        a = client.submit(inc, 1)
+        b = client.submit(inc, a)
+        assert isinstance(b, ClientFuture)
+        assert (a.result(), b.result(), await b) == (2, 3, 3)
+        assert b.status == "finished" and b.done()
+        assert client.gather([a, b]) == [2, 3]
+        assert client.gather(b) == 3
+        delayed = dask.delayed(inc)(41)
+        assert client.compute(delayed) == 42
+        runs = client.status()["runs"]
+        assert delayed.compute() == 42  # dask's default scheduler: the client's
+        assert client.status()["runs"] == runs + 1
+        assert [f.result() for f in client.as_completed(client.map(inc, [5]))] == [6]
+    assert dask.config.get("scheduler", None) is before
+    with pytest.raises(CorralError, match="this Client was closed"):
+        client.submit(inc, 1)
+    assert not _loop_threads()
+
+
+async def test_an_interrupt_ends_the_wait_only() -> None:
+    """The stop button (Ctrl-C: ``KeyboardInterrupt`` in the main thread) while a cell
+    waits in ``fut.result()`` ends that wait; the task runs on, and its result is there
+    for the next call, as an interrupted ``await cluster.gather`` leaves it."""
+    started, release = threading.Event(), threading.Event()
+
+    def gated() -> str:
+        started.set()
+        release.wait(GATE)
+        return "done"
+
+    with Client(workers=1) as client:
+        fut = client.submit(gated)
+
+        def interrupt() -> None:  # once the main thread waits in the call
+            if started.wait(GATE) and _waits_in(main, "_wait", GATE):
+                signal.pthread_kill(main, signal.SIGINT)  # as the stop button's SIGINT
+
+        main = threading.get_ident()
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # ipykernel's
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                fut.result()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert fut.status == "pending"
+        release.set()
+        assert fut.result(timeout=GATE) == "done"
+
+
+async def test_a_start_that_fails_raises_and_leaves_no_thread() -> None:
+    before: Any = dask.config.get("scheduler", None)
+    with pytest.raises(UnknownPolicyError):
+        Client(workers=1, policies={"placement": "no-such-policy"})
+    assert not _loop_threads()
+    assert dask.config.get("scheduler", None) is before
+
+
+async def test_result_timeout_ends_the_wait_only() -> None:
+    release = threading.Event()
+
+    def gated() -> int:
+        release.wait(GATE)
+        return 7
+
+    with Client(workers=1) as client:
+        fut = client.submit(gated)
+        with pytest.raises(TimeoutError):
+            fut.result(timeout=0.2)
+        release.set()
+        assert fut.result() == 7
+
+
+def test_the_clusters_coroutines_refuse_another_loop() -> None:
+    """A Client's cluster is in Cluster.running(), and the warning of a second start
+    said to close it with ``await old.close()``: awaited in the notebook's loop, that
+    close (shielded) hung the loop for good, with the cluster marked closed and its
+    actors running. Now a call from another loop raises at once, nothing done, and the
+    Client still works."""
+    with Client(workers=1) as client:
+
+        async def from_another_loop() -> None:
+            with pytest.raises(CorralError, match="runs in another event loop"):
+                await client.cluster.close()
+            with pytest.raises(CorralError, match="runs in another event loop"):
+                await client.cluster.status()
+            with pytest.raises(CorralError, match="runs in another event loop"):
+                client.cluster.submit(inc, 1)
+
+        asyncio.run(from_another_loop())
+        assert client.submit(inc, 1).result() == 2
