@@ -18,9 +18,11 @@ from typing import Any
 
 import anyio
 import dask
+import dask.threaded
 
 from runtime.client import Cluster, Future, wait_on_loop
 from runtime.errors import CorralError
+from runtime.task import in_task
 
 __all__ = ["Client", "ClientFuture"]
 
@@ -100,7 +102,7 @@ class Client:
             raise
         self._default: tuple[Any, Any] | None = None
         if set_as_default:
-            self._default = (dask.config.get("scheduler", None), self.cluster.get)
+            self._default = (dask.config.get("scheduler", None), self._default_get)
             dask.config.set(scheduler=self._default[1])
 
     # -- waiting on the client's loop ------------------------------------------------
@@ -180,6 +182,15 @@ class Client:
     def cancel(self, futures: Any) -> None:
         """``Cluster.cancel``: returns once the futures show it."""
         self._wait(lambda: self.cluster.cancel(_unwrapped(futures)), "client.cancel")
+
+    def _default_get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """dask's scheduler while the client is its default: the cluster's ``get``, but
+        in a task of one of its in-process workers dask's threads (as in a worker
+        process): there the compute would wait for a slot of the workers the task
+        itself holds, and with one slot never get it."""
+        if in_task():
+            return dask.threaded.get(dsk, keys, **kwargs)
+        return self.cluster.get(dsk, keys, **kwargs)
 
     @property
     def get(self) -> Callable[..., Any]:

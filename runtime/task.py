@@ -102,6 +102,11 @@ def running(ctx: TaskContext) -> _Running:
     return _Running(ctx)
 
 
+def in_task() -> bool:
+    """Whether this code runs inside a task a Corral worker runs."""
+    return _CURRENT.get() is not None
+
+
 def _current(what: str) -> TaskContext:
     ctx = _CURRENT.get()
     if ctx is None:

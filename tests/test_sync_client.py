@@ -170,3 +170,16 @@ def test_the_clusters_coroutines_refuse_another_loop() -> None:
 
         asyncio.run(from_another_loop())
         assert client.submit(inc, 1).result() == 2
+
+
+def _nested_compute(x: int) -> int:
+    return dask.delayed(inc)(x).compute()  # type: ignore[no-any-return]
+
+
+def test_a_task_that_computes_inside_does_not_wait_for_its_own_slot() -> None:
+    """With the Client as dask's default scheduler, a task of an in-process worker that
+    calls ``.compute()`` sent that compute to the cluster and waited, in the only slot,
+    for a slot: for ever (a notebook cell hung until interrupted). In a task, dask's
+    threads compute it, as in a worker process, where the Client is nobody's default."""
+    with Client(workers=1, threads_per_worker=1) as client:
+        assert client.submit(_nested_compute, 1).result(timeout=GATE) == 2
