@@ -254,10 +254,17 @@ class Client:
         return call
 
     def __repr__(self) -> str:
-        return repr(self.cluster).replace("<Cluster", "<Client", 1)
+        return _as_client(repr(self.cluster)).replace("<Cluster", "<Client", 1)
 
     def _repr_html_(self) -> str:
-        return self.cluster._repr_html_()
+        return _as_client(self.cluster._repr_html_())
+
+
+def _as_client(text: str) -> str:
+    """A Cluster's repr, with the Client's calls for the cluster's it names."""
+    return text.replace("`await cluster.", "`client.").replace(
+        "cluster.dashboard_link", "client.dashboard_link"
+    )
 
 
 def _bounded(

@@ -83,6 +83,8 @@ async def test_synchronous_calls_work_inside_a_running_loop() -> None:
         assert isinstance(b, ClientFuture)
         assert (a.result(), b.result(), await b) == (2, 3, 3)
         assert b.status == "finished" and b.done()
+        assert repr(b) == f"<ClientFuture {b.key!r} finished>"
+        assert repr(client).startswith("<Client running: address in-process; workers 1")
         assert client.gather([a, b]) == [2, 3]
         assert client.gather(b) == 3
         delayed = dask.delayed(inc)(41)
