@@ -3147,9 +3147,16 @@ class Cluster:
         ``on_stop`` is cut, and the others still stop in order).
 
         Raises :class:`~runtime.errors.ActorCrashed` if one of them crashed for good.
-        ``CorralError`` in another event loop than the cluster's, nothing closed.
+        Awaited in another event loop than the cluster's (``await
+        Cluster.running()[0].close()`` in a notebook cell, of a :class:`runtime.Client`'s
+        cluster), it closes the cluster on its own loop and waits for that;
+        ``CorralError`` if that loop no longer runs, nothing closed.
         """
-        if self._system is not None:
+        if self._in_other_loop():
+            assert self._loop is not None
+            if self._loop.is_running():
+                closing = asyncio.run_coroutine_threadsafe(self.close(), self._loop)
+                return await asyncio.wrap_future(closing)
             self._refuse_other_loop()
         system, self._system = self._system, None
         if system is None:
@@ -3253,10 +3260,7 @@ class Cluster:
         """``CorralError`` for a call made in another event loop than the one the cluster
         runs in (a :class:`runtime.Client`'s thread, another ``asyncio.run``), whose
         waits would never be woken: its close, shielded, would hang that loop for good."""
-        loop = self._loop
-        if self._system is None or loop is None or loop.is_closed() or not _in_running_loop():
-            return
-        if asyncio.get_running_loop() is not loop:
+        if self._in_other_loop():
             raise CorralError(
                 "this Cluster runs in another event loop than the one this call is made "
                 "in (a runtime.Client's thread, or another asyncio.run), and its calls "
@@ -3264,6 +3268,13 @@ class Cluster:
                 "(client.close(), client.gather(futures)); another loop's: call it in "
                 "that loop, or from a thread with cluster.get / cluster.run_sync"
             )
+
+    def _in_other_loop(self) -> bool:
+        """Whether this call is made in another event loop than the running cluster's."""
+        loop = self._loop
+        if self._system is None or loop is None or loop.is_closed() or not _in_running_loop():
+            return False
+        return asyncio.get_running_loop() is not loop
 
     # -- showing it ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Any
 import dask
 import pytest
 
-from runtime import Client, ClientFuture
+from runtime import Client, ClientFuture, Cluster
 from runtime.errors import CorralError, UnknownPolicyError
 
 BOUND = 20  # seconds any single test may take (blocking calls: pytest-timeout bounds it)
@@ -154,24 +154,32 @@ async def test_result_timeout_ends_the_wait_only() -> None:
         assert fut.result() == 7
 
 
-def test_the_clusters_coroutines_refuse_another_loop() -> None:
+def test_the_clusters_coroutines_refuse_another_loop_and_its_close_closes_there() -> None:
     """A Client's cluster is in Cluster.running(), and the warning of a second start
-    said to close it with ``await old.close()``: awaited in the notebook's loop, that
+    says to close it with ``await old.close()`` (``Cluster.running()[i]`` once no
+    variable holds the Client: a cell run again). Awaited in the notebook's loop, that
     close (shielded) hung the loop for good, with the cluster marked closed and its
-    actors running. Now a call from another loop raises at once, nothing done, and the
-    Client still works."""
-    with Client(workers=1) as client:
+    actors running. Now its other calls from another loop raise at once, nothing done,
+    and its close closes it on its own loop."""
+    client = Client(workers=1)
+    cluster = client.cluster
 
-        async def from_another_loop() -> None:
-            with pytest.raises(CorralError, match="runs in another event loop"):
-                await client.cluster.close()
-            with pytest.raises(CorralError, match="runs in another event loop"):
-                await client.cluster.status()
-            with pytest.raises(CorralError, match="runs in another event loop"):
-                client.cluster.submit(inc, 1)
-
-        asyncio.run(from_another_loop())
+    async def from_another_loop() -> None:
+        with pytest.raises(CorralError, match="runs in another event loop"):
+            await cluster.status()
+        with pytest.raises(CorralError, match="runs in another event loop"):
+            cluster.submit(inc, 1)
         assert client.submit(inc, 1).result() == 2
+        assert Cluster.running() == [cluster]
+        await Cluster.running()[0].close()
+        assert Cluster.running() == []
+
+    try:
+        asyncio.run(from_another_loop())
+        assert repr(client) == "<Client closed>"
+    finally:
+        client.close()
+    assert not _loop_threads()
 
 
 def _nested_compute(x: int) -> int:
