@@ -41,7 +41,7 @@ import anyio
 import anyio.abc
 import dask
 from dask._expr import Expr
-from dask._task_spec import DataNode, TaskRef
+from dask._task_spec import DataNode, Task, TaskRef
 from dask.base import (
     collections_to_expr,
     is_dask_collection,
@@ -1172,6 +1172,9 @@ def _futures_in(graph: Any) -> list[Future]:
             stack.extend(obj)
         elif t is dict:
             stack.extend(obj.values())
+        elif t is Task:  # a dask.delayed call's: its arguments (futures become references)
+            stack.extend(obj.args)
+            stack.extend(obj.kwargs.values())
         elif isinstance(obj, Expr | HighLevelGraph | MaterializedLayer):
             if id(obj) in seen:  # (an expression's nodes may be shared)
                 continue

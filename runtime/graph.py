@@ -799,10 +799,43 @@ def normalize_graph(
         graph = graph.__dask_graph__()
     plain = dict(graph)
     if all(isinstance(v, GraphNode) for v in plain.values()):
+        for k, v in plain.items():
+            if type(v) is Task and _holds_future(v):
+                plain[k] = _future_args_as_refs(v)
         return plain
     if known is None:
         return dict(convert_legacy_graph(plain))
     return dict(convert_legacy_graph(plain, all_keys=_KnownKeys(plain, known)))
+
+
+def _is_future(obj: object) -> bool:
+    """A scheduler's future (``__dask_future__``, Corral's ``Future``), not a ``TaskRef``."""
+    return not isinstance(obj, TaskRef) and bool(getattr(type(obj), "__dask_future__", False))
+
+
+def _holds_future(task: Task) -> bool:
+    """Whether a future is among ``task``'s arguments (also in lists, tuples, sets and
+    dict values): dask's ``Task`` counts only ``TaskRef``s as dependencies, so
+    ``dask.delayed(f)(fut)`` made one that ran ``f`` on the future object itself."""
+    stack = [*task.args, *task.kwargs.values()]
+    while stack:
+        obj = stack.pop()
+        if _is_future(obj):
+            return True
+        t = type(obj)
+        if t is list or t is tuple or t is set:
+            stack.extend(obj)
+        elif t is dict:
+            stack.extend(obj.values())
+    return False
+
+
+def _future_args_as_refs(task: Task) -> Task:
+    """``task`` again, each future among its arguments a reference to its key (dask's
+    ``parse_input``: an ``Alias``), so it is a dependency, its value the argument."""
+    args = tuple(parse_input(a) for a in task.args)
+    kwargs = {k: parse_input(v) for k, v in task.kwargs.items()}
+    return Task(task.key, task.func, *args, _data_producer=task.data_producer, **kwargs)
 
 
 def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:

@@ -36,6 +36,10 @@ class ClientFuture:
 
     __slots__ = ("_client", "future")
 
+    #: dask's mark of a scheduler's future: in a graph or a ``dask.delayed`` call's
+    #: arguments, a reference to its key (as the cluster's own ``Future``)
+    __dask_future__ = True
+
     def __init__(self, future: Future, client: Client) -> None:
         self.future = future  #: the cluster's own Future (lives on the client's loop)
         self._client = client
@@ -72,6 +76,11 @@ class ClientFuture:
     def __await__(self) -> Any:
         """``await fut`` in any event loop (a notebook cell's): the value."""
         return self._client._awaitable(self.future.result).__await__()
+
+    def __reduce__(self) -> Any:
+        """Pickled as its cluster's ``Future`` is: a reference to its key inside a graph
+        sent to a manager, refused anywhere else."""
+        return self.future.__reduce__()
 
     def __repr__(self) -> str:
         return f"<ClientFuture {self.key!r} {self.status}>"

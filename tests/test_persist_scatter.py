@@ -463,3 +463,25 @@ def test_a_cluster_whose_event_loop_ends_unclosed_lets_go_of_the_process() -> No
     assert gc.get_threshold() == threshold
     assert not _LIVE_CLIENTS  # (no other cluster runs) so its check is gone too
     assert _LOCAL_CHECK not in dask.callbacks.Callback.active
+
+
+def _plus(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@pytest.mark.parametrize("processes", [False, True])
+async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> None:
+    """``dask.delayed(f)(fut)``: dask's ``Task`` counts only its own ``TaskRef``s as
+    dependencies, so such a task ran with no dependency: in a thread ``f`` got the Future
+    object (``TypeError: unsupported operand type(s) for +: 'Future' and 'int'``), in a
+    worker process a reference to a key it was never given (``KeyError``). Now each
+    future among a delayed call's arguments (a list's, a dict's, a keyword's too) is a
+    dependency and its value the argument, as with dask.distributed."""
+    with anyio.fail_after(LIMIT):
+        size = {"processes": 1} if processes else {"workers": 1}
+        async with Cluster(**size) as cluster:  # type: ignore[arg-type]
+            f, g = cluster.submit(_plus, 1), cluster.submit(_plus, 2)
+            assert await cluster.compute(dask.delayed(_plus)(f, 10)) == 11
+            assert await cluster.compute(dask.delayed(sum)([f, g])) == 3
+            assert await cluster.compute(dask.delayed(_plus)(f, b=g)) == 3
+            assert await cluster.compute(dask.delayed(_plus)(dask.delayed(_plus)(f), 1)) == 2

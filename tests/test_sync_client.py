@@ -193,3 +193,25 @@ def test_a_task_that_computes_inside_does_not_wait_for_its_own_slot() -> None:
     threads compute it, as in a worker process, where the Client is nobody's default."""
     with Client(workers=1, threads_per_worker=1) as client:
         assert client.submit(_nested_compute, 1).result(timeout=GATE) == 2
+
+
+def _add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+def _pick(d: dict[str, int]) -> int:
+    return d["x"]
+
+
+def test_a_future_in_a_delayed_call_is_its_value() -> None:
+    """``dask.delayed(f)(fut)``, a dask habit: dask's ``Task`` counts only its own
+    ``TaskRef``s as dependencies, so the task ran ``f`` on the future object (``TypeError:
+    unsupported operand type(s) for +: 'Future' and 'int'``), or, on worker processes,
+    failed with a ``KeyError``, and a ``ClientFuture`` could not be pickled. Now each is a
+    dependency, its value the argument (also in a list, a dict, a keyword)."""
+    with Client(workers=1) as client:
+        f, g = client.submit(inc, 1), client.submit(inc, 2)
+        assert dask.delayed(inc)(f).compute() == 3
+        assert client.compute(dask.delayed(sum)([f, g])) == 5
+        assert client.compute(dask.delayed(_add)(f.future, b=g)) == 5
+        assert client.compute(dask.delayed(_pick)({"x": f})) == 2
