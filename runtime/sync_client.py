@@ -12,6 +12,7 @@ does (docs/api.md, "A synchronous Client")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -263,10 +264,19 @@ class Client:
         return call
 
     def __repr__(self) -> str:
-        return _as_client(repr(self.cluster)).replace("<Cluster", "<Client", 1)
+        return self._shown(lambda: repr(self.cluster)).replace("<Cluster", "<Client", 1)
 
     def _repr_html_(self) -> str:
-        return _as_client(self.cluster._repr_html_())
+        return self._shown(self.cluster._repr_html_)
+
+    def _shown(self, show: Callable[[], str]) -> str:
+        """``show()`` taken on the client's loop, between its events (the scheduler's
+        state read from this thread may change under the read), with the Client's
+        calls for the cluster's."""
+        if not self._closed and threading.current_thread() is not self._thread:
+            with contextlib.suppress(Exception):  # closed meanwhile: read it here
+                return _as_client(self._soon(show, "repr"))
+        return _as_client(show())
 
 
 def _as_client(text: str) -> str:
