@@ -4141,7 +4141,10 @@ class Cluster:
             return info
 
         for _ in range(10):
-            await future.result()  # done (or raises); made again if it was lost (no callback)
+            # done (or raises); made again if it was lost. As gather, less its dask
+            # callbacks (a ProgressBar's); ``future`` checked as gather checks it: this
+            # cluster's (another's key is none of this manager's), not released
+            await self._gather_keys(self._keys_of([future], "gather"), root_errors=False)
             info = await stream()
             if info is None:
                 continue  # lost meanwhile: wait for it again

@@ -801,6 +801,24 @@ async def test_a_download_into_a_missing_directory_is_a_file_output_error(
             assert got.size == 1000 and (tmp_path / "got.bin").read_bytes() == b"f" * 1000
 
 
+async def test_a_download_of_another_clusters_future_says_so(tmp_path: Path) -> None:
+    """``a.download(fut_of_b, dest)`` said "could not download ...: its file kept
+    disappearing (workers lost while reading it)" at once (it waited on ``b``, then
+    asked ``a``'s manager, which has no such key): a CorralError saying the future is
+    another cluster's, nothing written; ``b`` downloads it."""
+    from runtime import Cluster
+    from runtime.errors import CorralError
+
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as a, Cluster(workers=1) as b:
+            fut = b.submit(write, "got.bin", 1000)
+            with pytest.raises(CorralError, match="belongs to another cluster"):
+                await a.download(fut, tmp_path / "got.bin")
+            assert os.listdir(tmp_path) == []
+            got = await b.download(fut, tmp_path / "got.bin")
+            assert got.size == 1000
+
+
 # ------------------------------------------------------------------ the scheduler core
 
 
