@@ -25,6 +25,8 @@ change.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -182,15 +184,30 @@ def bar_text(counts: dict[str, Any], elapsed: float, width: int = 40) -> str:
     return " | ".join(parts)
 
 
+def columns_of(out: Any) -> int:
+    """The width of the terminal ``out`` is, in characters: its own size, else
+    ``shutil.get_terminal_size()``'s (``$COLUMNS``, this process's terminal, or 80)."""
+    try:
+        columns = os.get_terminal_size(out.fileno()).columns
+    except (AttributeError, ValueError, OSError):  # (no file descriptor, or not a tty)
+        columns = 0
+    return columns if columns > 0 else shutil.get_terminal_size().columns
+
+
 class TextBar:
     """Draws counts to ``out`` with :func:`bar_text`: on a terminal (``out.isatty()``)
     one line drawn again in place (``\\r``) at most every ``every`` seconds
     (:data:`BAR_EVERY`), else a line of its own every ``every`` seconds
     (:data:`LINE_EVERY`: a log stays readable, and says the wait is alive while nothing
     ends); :meth:`draw` ``final`` always draws and ends the line. Time is given, not
-    read (``now``, seconds on any clock)."""
+    read (``now``, seconds on any clock). On a terminal the line fits in ``columns``
+    (:func:`columns_of` ``out``): a longer one wraps, and ``\\r`` would draw each time
+    on a row of its own; the bar narrows, then the text is cut. A line shorter than the
+    one before is padded over it."""
 
-    def __init__(self, out: Any, started: float, every: float | None = None) -> None:
+    def __init__(
+        self, out: Any, started: float, every: float | None = None, columns: int | None = None
+    ) -> None:
         isatty = getattr(out, "isatty", None)
         self.tty = bool(isatty and isatty())
         if every is not None and not every > 0:
@@ -199,14 +216,24 @@ class TextBar:
         self.out = out
         self.started = started
         self.drawn: float | None = None  #: when it last drew (None: not yet)
+        #: the characters a drawn line may take on a terminal (one column spare: a
+        #: line up to the last column wraps on some terminals)
+        self.room = (columns if columns is not None else columns_of(out)) - 1 if self.tty else 0
+        self.shown = 0  #: the length of the line on the terminal
 
     def draw(self, counts: dict[str, Any], now: float, final: bool = False) -> None:
         if not final and self.drawn is not None and now - self.drawn < self.every:
             return
         self.drawn = now
-        text = bar_text(counts, now - self.started, 40 if self.tty else 0)
         if self.tty:
-            self.out.write("\r" + text + ("\n" if final else ""))
+            text = bar_text(counts, now - self.started, 0)
+            width = min(40, self.room - len(text) - len("[] | "))  # the bar takes the rest
+            if width > 0:
+                text = bar_text(counts, now - self.started, width)
+            text = text[: max(self.room, 1)]
+            self.out.write("\r" + text.ljust(self.shown) + ("\n" if final else ""))
+            self.shown = 0 if final else len(text)
         else:
+            text = bar_text(counts, now - self.started, 0)
             self.out.write("progress: " + text + "\n")
         self.out.flush()

@@ -117,6 +117,28 @@ def test_a_text_bar_redraws_in_place_on_a_terminal_and_writes_lines_elsewhere() 
         TextBar(log, 0.0, every=0)
 
 
+def test_a_bar_on_a_terminal_fits_its_width_and_covers_a_longer_line() -> None:
+    """A 10,000-task bar took 81 columns (at 100%; 92 with failures past a minute): on
+    an 80-column terminal each draw wrapped, and ``\\r`` drew the next on a row of its
+    own, a new row five times a second. It fits; and the elapsed time going from
+    ``59 min 59 s`` to ``1 h 00 min`` (shorter) left an ``s`` of the line before."""
+    counts = Tally(10_000).answer() | {"finished": 10_000, "erred": 3, "cancelled": 12}
+    tty = Tty()
+    bar = TextBar(tty, started=0.0, columns=80)
+    bar.draw(counts | {"finished": 9_000}, 3599.0)
+    bar.draw(counts, 3600.0, final=True)
+    first, last = tty.getvalue().split("\r")[1:]
+    assert len(first) <= 79 and first.startswith("[") and first.endswith("| 59 min 59 s")
+    assert last == last.rstrip(" \n").ljust(len(first)) + "\n"  # padded over the first
+    said = "| 100% | 10000 of 10000 ended, 3 failed, 12 cancelled | 1 h 00 min"
+    assert last.startswith("[") and last.rstrip().endswith(said)
+    narrow = Tty()
+    bar = TextBar(narrow, started=0.0, columns=30)  # no room for a bar: the text, cut
+    bar.draw(counts, 5.0, final=True)
+    assert narrow.getvalue() == "\r100% | 10000 of 10000 ended, \n"  # (29 columns)
+
+
+# ------------------------------------------------------------------ on a cluster
 # ------------------------------------------------------------------ on a cluster
 
 
@@ -171,6 +193,24 @@ async def test_progress_of_futures_through_a_manager_process(tmp_path: Path) -> 
         async with Cluster(address) as cluster:
             await cluster.wait_for_workers(1)
             await _gated_progress(cluster, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(LIMIT)
+async def test_progress_on_a_narrow_terminal_draws_within_its_width(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminal's width (here ``$COLUMNS``: a StringIO has no size of its own) bounds
+    every draw: ``[###...] | 100% | 20 of 20 ended, 2 failed | 0.1 s`` took 84."""
+    monkeypatch.setenv("COLUMNS", "50")
+    async with Cluster(workers=1, threads_per_worker=4) as cluster:
+        out = Tty()
+        futures = cluster.map(gated, range(20), [str(tmp_path)] * 20)
+        counts = await cluster.progress(futures, out=out, every=0.01)
+        assert counts["erred"] == 2
+        draws = out.getvalue().split("\r")[1:]
+        assert max(len(d.rstrip("\n")) for d in draws) <= 49, draws
+        assert draws[-1].startswith("[") and "| 20 of 20 ended, 2 failed | " in draws[-1]
 
 
 @pytest.mark.anyio
