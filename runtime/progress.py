@@ -210,6 +210,11 @@ class TextBar:
     ) -> None:
         isatty = getattr(out, "isatty", None)
         self.tty = bool(isatty and isatty())
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)):
+            raise TypeError(
+                f"every must be a number of seconds above 0 (every=1), got "
+                f"{type(every).__name__} {every!r}"
+            )
         if every is not None and not every > 0:
             raise ValueError(f"every must be a number of seconds above 0, got {every!r}")
         self.every = every if every is not None else BAR_EVERY if self.tty else LINE_EVERY

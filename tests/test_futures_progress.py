@@ -282,6 +282,8 @@ async def test_progress_takes_a_list_of_this_clusters_futures() -> None:
             await cluster.progress(fut)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="every must be"):
             await cluster.progress([fut], every=-1)
+        with pytest.raises(TypeError, match=r"every must be a number of seconds .* str '1'"):
+            await cluster.progress([fut], every="1")  # type: ignore[arg-type]
         assert _ends_left(cluster) == 0  # refused before following anything
         fut.release()
         with pytest.raises(CorralError, match="released"):
