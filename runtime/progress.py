@@ -201,9 +201,9 @@ class TextBar:
     (:data:`LINE_EVERY`: a log stays readable, and says the wait is alive while nothing
     ends); :meth:`draw` ``final`` always draws and ends the line. Time is given, not
     read (``now``, seconds on any clock). On a terminal the line fits in ``columns``
-    (:func:`columns_of` ``out``): a longer one wraps, and ``\\r`` would draw each time
-    on a row of its own; the bar narrows, then the text is cut. A line shorter than the
-    one before is padded over it."""
+    (None: :func:`columns_of` ``out`` at each draw, a window may be resized): a longer
+    one wraps, and ``\\r`` would draw each time on a row of its own; the bar narrows,
+    then the text is cut. A line shorter than the one before is padded over it."""
 
     def __init__(
         self, out: Any, started: float, every: float | None = None, columns: int | None = None
@@ -221,9 +221,7 @@ class TextBar:
         self.out = out
         self.started = started
         self.drawn: float | None = None  #: when it last drew (None: not yet)
-        #: the characters a drawn line may take on a terminal (one column spare: a
-        #: line up to the last column wraps on some terminals)
-        self.room = (columns if columns is not None else columns_of(out)) - 1 if self.tty else 0
+        self.columns = columns  #: the terminal's width (None: asked at each draw)
         self.shown = 0  #: the length of the line on the terminal
 
     def draw(self, counts: dict[str, Any], now: float, final: bool = False) -> None:
@@ -231,12 +229,14 @@ class TextBar:
             return
         self.drawn = now
         if self.tty:
+            # (one column spare: a line up to the last column wraps on some terminals)
+            room = max((self.columns or columns_of(self.out)) - 1, 1)
             text = bar_text(counts, now - self.started, 0)
-            width = min(40, self.room - len(text) - len("[] | "))  # the bar takes the rest
-            if width > 0:
+            width = min(40, room - len(text) - len("[] | "))  # the bar takes the rest
+            if width >= 10:  # (narrower, it says nothing the percent does not)
                 text = bar_text(counts, now - self.started, width)
-            text = text[: max(self.room, 1)]
-            self.out.write("\r" + text.ljust(self.shown) + ("\n" if final else ""))
+            text = text[:room]
+            self.out.write("\r" + text.ljust(min(self.shown, room)) + ("\n" if final else ""))
             self.shown = 0 if final else len(text)
         else:
             text = bar_text(counts, now - self.started, 0)

@@ -138,7 +138,23 @@ def test_a_bar_on_a_terminal_fits_its_width_and_covers_a_longer_line() -> None:
     assert narrow.getvalue() == "\r100% | 10000 of 10000 ended, \n"  # (29 columns)
 
 
-# ------------------------------------------------------------------ on a cluster
+def test_a_bar_on_a_terminal_follows_its_width_when_resized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The width is asked at each draw (here ``$COLUMNS``: a StringIO has no size): a
+    window made narrower gets lines that fit it, padded no wider than it."""
+    counts = Tally(1000).answer() | {"finished": 500}
+    tty = Tty()
+    bar = TextBar(tty, started=0.0, every=1.0)
+    monkeypatch.setenv("COLUMNS", "100")
+    bar.draw(counts, 1.0)
+    monkeypatch.setenv("COLUMNS", "40")
+    bar.draw(counts, 2.0)
+    wide, narrow = tty.getvalue().split("\r")[1:]
+    assert len(wide) == 77 and wide.startswith("[" + "#" * 20 + " " * 20 + "]")  # 40 wide
+    assert len(narrow) == 39 and narrow.startswith(" 50% | 500 of 1000 ended | 2.0 s")
+
+
 # ------------------------------------------------------------------ on a cluster
 
 
@@ -202,14 +218,14 @@ async def test_progress_on_a_narrow_terminal_draws_within_its_width(
 ) -> None:
     """The terminal's width (here ``$COLUMNS``: a StringIO has no size of its own) bounds
     every draw: ``[###...] | 100% | 20 of 20 ended, 2 failed | 0.1 s`` took 84."""
-    monkeypatch.setenv("COLUMNS", "50")
+    monkeypatch.setenv("COLUMNS", "60")
     async with Cluster(workers=1, threads_per_worker=4) as cluster:
         out = Tty()
         futures = cluster.map(gated, range(20), [str(tmp_path)] * 20)
         counts = await cluster.progress(futures, out=out, every=0.01)
         assert counts["erred"] == 2
         draws = out.getvalue().split("\r")[1:]
-        assert max(len(d.rstrip("\n")) for d in draws) <= 49, draws
+        assert max(len(d.rstrip("\n")) for d in draws) <= 59, draws
         assert draws[-1].startswith("[") and "| 20 of 20 ended, 2 failed | " in draws[-1]
 
 
