@@ -1318,6 +1318,9 @@ class ClientActor(Actor):
         self.waiters: dict[Key, list[_Waiter | _Wake | _Arrivals | _Ends]] = {}
         self.wakes: set[_Wake] = set()  #: gathers waiting to ask again
         self.loop_thread = threading.get_ident()  #: the event loop's thread
+        #: why nothing more will come (the cluster stopped, the manager was lost): the
+        #: error every key still pending then failed with; None while it runs
+        self.gone: BaseException | None = None
 
     async def on_stop(self) -> None:
         # Nothing may wait for ever on a cluster that is gone: fail every pending key.
@@ -1325,6 +1328,7 @@ class ClientActor(Actor):
             "the cluster stopped before this task finished (closed, or one of its actors "
             "crashed: Cluster.close() raises ActorCrashed with the cause)"
         )
+        self.gone = self.gone or err
         for key, w in list(self.watches.items()):
             if w.update is None:
                 self._settle(KeyErred("", key, err, key, err))
@@ -1334,6 +1338,7 @@ class ClientActor(Actor):
     @handles(_ManagerGone)
     def manager_gone(self, msg: _ManagerGone) -> None:
         """Every key still pending fails with the ManagerLost error: nothing will come."""
+        self.gone = msg.error
         for key, w in list(self.watches.items()):
             if w.update is None:
                 self._settle(KeyErred("", key, msg.error, key, msg.error))
@@ -3989,8 +3994,10 @@ class Cluster:
         on a terminal a bar drawn again in place every ``every`` seconds (0.2), written
         anywhere else (a file, a pipe, a job's log) a line every ``every`` seconds (10)
         and one at the end. ``out``: where to (``sys.stdout``). Raises nothing for a
-        task that failed (await its future for its error); cancelling the wait (or an
-        interrupt) ends the line and leaves nothing behind, the tasks running on.
+        task that failed (await its future for its error), but the cluster's error if
+        it stopped (or its manager was lost) while it waited, as ``gather`` does;
+        cancelling the wait (or an interrupt) ends the line and leaves nothing behind,
+        the tasks running on.
         Returns the counts at the end: ``total`` (the keys followed, each once),
         ``finished`` (ended), ``erred``, ``cancelled`` and ``released``."""
         self._require()
@@ -4003,6 +4010,9 @@ class Cluster:
                 bar.draw(ends.tally.answer(), time.monotonic())
                 with anyio.move_on_after(bar.every):
                     await ends.done.wait()
+            if (gone := self._client_actor.gone) is not None:
+                # the keys pending then failed with it: no task's failure, as gather says
+                raise _raised_copy(gone)
         finally:
             ends.close()
             counts = ends.tally.answer()
