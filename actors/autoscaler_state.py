@@ -16,12 +16,16 @@ or before any the blocks it has, at least its target, counted per pool in
 
 - too few: :class:`StartBlock` (a *request*, until :class:`BlockStarted` or
   :class:`BlockStartFailed` says how it went), unless the pool gave up (below);
-- too many: blocks are *retired*: idle ones first, then requests in flight are taken
-  back (``cancelled``: a request cannot be withdrawn before the provider answers, so
-  its block is retired as soon as it starts; asked for again meanwhile, it counts once
-  more), then those not running (pending, held), then the last by block id (after a
-  target set with ``idle_only``, an alert's ``restore``: only blocks none of whose
-  workers runs a task; a busy one is scaled in once a count shows it idle). A retired
+- too many: blocks are *retired*: running ones idle ``max_idletime`` (any idle one in
+  a pool without limits) beyond the pool's target first, the longest idle first, then
+  what is not there yet: requests in flight are taken back (``cancelled``: a request
+  cannot be withdrawn before the provider answers, so its block is retired as soon as
+  it starts; asked for again meanwhile, it counts once more), then blocks that have
+  not run (pending, held before they ran; the last by block id), then other idle
+  blocks, then the last by block id (after a target set with ``idle_only``, an
+  alert's ``restore``: only blocks none of whose workers runs a task; a busy one is
+  scaled in once a count shows it idle). A running block is capacity now, a queued
+  one is not, and a floor is held by a running block. A retired
   block with workers is never stopped while a worker of it may be busy: each worker
   gets :class:`DrainWorker` (the scheduler's drain path: no new tasks,
   ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
@@ -745,10 +749,17 @@ class PoolState:
     #: counts, over the last ``HISTORY`` seconds (for the ``demand`` forecast)
     arrivals: deque[tuple[float, int]] = dataclasses.field(default_factory=deque)
     last_active: int | None = None  #: ``active`` at the latest count
+    #: ``active`` and the next wave (``upcoming``, however far) at the latest count
+    demand: int | None = None
     #: the latest blocks' delays from request to running, seconds
     provisioning: deque[float] = dataclasses.field(
         default_factory=lambda: deque(maxlen=DELAYS_KEPT)
     )
+    #: ``demand`` as counted before the latest count, ``(how many, until when)``, over
+    #: the last ``max_idletime`` seconds: each is larger than those after it (a smaller
+    #: one earlier is covered), so the first still in the window is the peak
+    #: (:meth:`AutoscalerState.peak`)
+    peaks: deque[tuple[int, float]] = dataclasses.field(default_factory=deque)
 
 
 def _size(ps: PoolState) -> dict[str, int]:
@@ -1301,6 +1312,13 @@ class AutoscalerState:
             if ps.last_active is not None and active > ps.last_active:
                 ps.arrivals.append((ev.now, active - ps.last_active))
             ps.last_active = active
+            if ps.demand is not None:  # it held until now
+                while ps.peaks and ps.peaks[-1][0] <= ps.demand:
+                    ps.peaks.pop()
+                ps.peaks.append((ps.demand, ev.now))
+            while ps.peaks and ps.peaks[0][1] <= ev.now - self._window(ps):
+                ps.peaks.popleft()
+            ps.demand = active + len(self.upcoming_in(ps.pool))
             while ps.arrivals and ps.arrivals[0][0] < ev.now - HISTORY:
                 ps.arrivals.popleft()
 
@@ -1552,6 +1570,38 @@ class AutoscalerState:
         since = sorted(b.idle_since for b in self.live(pool) if b.idle_since is not None)
         return tuple(self._now - t for t in since)
 
+    @staticmethod
+    def _window(ps: PoolState) -> float:
+        """Seconds a block of ``ps`` not running yet stays wanted after the demand for
+        it dropped: its ``max_idletime``, as long as a running block stays idle (0 for
+        a pool without limits)."""
+        return ps.limits.max_idletime if ps.limits is not None else 0.0
+
+    def waiting_for(self, pool: str) -> tuple[float, ...]:
+        """Seconds since each block of ``pool`` not running yet (not retiring) and each
+        request of it in flight (not cancelled) was asked for, longest first."""
+        since = [b.since for b in self.live(pool) if _waiting(b)]
+        since += [
+            self.requested_at.get(r, self._now)
+            for r, p in self.requests.items()
+            if p == pool and r not in self.cancelled
+        ]
+        return tuple(self._now - t for t in sorted(since))
+
+    def peak(self, pool: str) -> int | None:
+        """The most tasks ``pool`` had active (:meth:`active`) or in its next wave
+        (:meth:`upcoming_in`, however far ahead) at a count over the last
+        ``max_idletime`` seconds, now included (None until counted): the ``demand``
+        strategy keeps the blocks not running yet that this wants, so a dip shorter
+        than that cancels none (no block cancelled and asked for again a moment
+        later)."""
+        ps = self.pools[pool]
+        if ps.demand is None:
+            return None
+        since = self._now - self._window(ps)
+        earlier = next((n for n, until in ps.peaks if until > since), 0)
+        return max(ps.demand, earlier)
+
     def _desired(self, ps: PoolState) -> int:
         """The policy's proposal for ``ps``, checked: clamped to 0..max_blocks (and the
         pool's own max_blocks); if it is not a whole number, or the policy raises, a
@@ -1565,6 +1615,7 @@ class AutoscalerState:
                 ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
                 ps.limits, active, self.idle_for(ps.pool), self._now,
                 tuple(ps.arrivals), tuple(ps.provisioning), self.upcoming_in(ps.pool),
+                self.waiting_for(ps.pool), self.peak(ps.pool),
             )  # fmt: skip
         most = self._most(ps)
         try:
@@ -1681,11 +1732,23 @@ class AutoscalerState:
                 have += 1
             if have <= want:
                 continue
-            # Too many: idle blocks first, then requests in flight (the latest first:
-            # their blocks are scaled in as they start), then pending and busy blocks.
+            # Too many: first the blocks idle max_idletime (the longest idle first; all
+            # idle ones in a pool without limits) beyond the pool's target (a floor is
+            # held by a running block, not a queued one), then what is not there yet:
+            # requests in flight (the latest first: their blocks are scaled in as they
+            # start), then blocks not running yet (cancelled in the batch system before
+            # they cost anything, the last by block id), then the other idle blocks,
+            # then busy ones. A running block is capacity now; one still queued is not,
+            # and would come up only to sit idle for max_idletime.
             excess = have - want
-            idle = [b for b in live if b.idle_since is not None]
-            retire = _to_retire(idle, min(excess, len(idle)))
+            running = [b for b in live if not _waiting(b)]
+            after = ps.limits.max_idletime if ps.limits is not None else 0.0
+            idle = [
+                b for b in running
+                if b.idle_since is not None and self._now - b.idle_since >= after
+            ]  # fmt: skip
+            spare = max(len(running) - self.target(ps.pool), 0)
+            retire = _to_retire(idle, min(excess, len(idle), spare))
             excess -= len(retire)
             for r in reversed(asked):
                 if excess and r not in self.cancelled:
@@ -1698,7 +1761,11 @@ class AutoscalerState:
                 # (its work, and the consumers of its outputs, would move to others);
                 # it goes once a count shows it idle.
                 rest = [b for b in rest if not self._busy(b)]
-            for b in retire + _to_retire(rest, excess):
+            waiting = sorted((b for b in rest if _waiting(b)), key=lambda b: _natural(b.block_id))
+            queued = waiting[max(len(waiting) - excess, 0) :]  # the last by block id
+            rest = [b for b in rest if b not in queued]
+            retire += queued
+            for b in retire + _to_retire(rest, excess - len(queued)):
                 self._retire(b)
                 ps.blocks -= 1
                 ps.retiring += 1
@@ -1809,6 +1876,11 @@ def check_pool(pool: object, given: str, example: str) -> None:
             pool, given, problem,
             f"Name one pool ({example}); the tasks submitted without pool= run in any pool",
         )  # fmt: skip
+
+
+def _waiting(b: BlockRecord) -> bool:
+    """``b`` has not run yet: queued in the batch system, or held before it ever ran."""
+    return b.state != "running" and not b.suspended
 
 
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:

@@ -101,6 +101,13 @@ class LoadView(PoolView):
     #: seconds until each is expected to be ready, shortest first (empty: none, or not
     #: asked for: the strategy does not look ahead)
     upcoming: tuple[float, ...] = ()
+    #: seconds since each block of ``blocks + requested`` that has not run yet (queued
+    #: at the batch system, held before it ever ran, or asked of the provider with no
+    #: answer yet) was asked for, longest first: capacity that is not there yet
+    waiting_for: tuple[float, ...] = ()
+    #: the most ``active`` tasks counted over the last ``max_idletime`` seconds, now
+    #: included (None: not known, and every block asked for is kept until it runs)
+    peak: int | None = None
 
 
 #: seconds of arrivals the autoscaler core keeps for the ``demand`` strategy's forecast
@@ -189,8 +196,17 @@ class DemandBlocks:
 
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
-    twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
-    scaled in, and this answer, asked again, replaces it)."""
+    twice, while they are wanted: the demand at any count over the last
+    ``max_idletime`` seconds (``peak``: active tasks and the whole next wave) needs
+    them, or they were asked for less than ``max_idletime`` ago (``waiting_for``), or
+    fewer than ``init_blocks`` blocks of the pool have come up yet. Beyond that they
+    are proposed away and the core cancels them before they run (it scales in what is
+    not there yet before running blocks, but for the blocks idle ``max_idletime``
+    beyond the floor): a block queued for a burst that the running blocks finished is
+    not kept to come up and sit idle, and a lull shorter than ``max_idletime`` cancels
+    nothing (no block cancelled and asked for again a moment later). The core stops
+    counting one past the pool's ``provisioning_timeout`` (it is scaled in, and this
+    answer, asked again, replaces it)."""
 
     name = "demand"
     uses_queues = True
@@ -258,19 +274,36 @@ class DemandBlocks:
             return max(lo, limits.init_blocks)
         if isinstance(pool, LoadView) and pool.upcoming and self.lookahead:
             active += bisect.bisect_right(pool.upcoming, self.horizon(pool))
-        needed = math.ceil(active * limits.parallelism / limits.slots_per_block)
-        if active > 0:
-            needed = max(needed, 1)
+        extra = max(self.spare, limits.spare_blocks)
         if self.forecast is not None and isinstance(pool, LoadView):
             spare = forecast_headroom(pool, self.forecast)
             spare = math.ceil(spare * limits.parallelism / limits.slots_per_block)
             if self.max_headroom is not None:
                 spare = min(spare, self.max_headroom)
-            needed += spare
-        needed += max(self.spare, limits.spare_blocks)
+            extra += spare
+        needed = _blocks_for(active, limits) + extra
         idle = sum(1 for t in getattr(pool, "idle_for", ()) if t >= limits.max_idletime)
-        keep = pool.blocks + pool.requested - idle
+        peak: int | None = getattr(pool, "peak", None)
+        if peak is None or not isinstance(pool, LoadView):  # every block kept till it runs
+            keep = pool.blocks + pool.requested - idle
+        else:
+            # Running blocks stay until idle max_idletime; blocks not running yet while
+            # the demand of the last max_idletime seconds wants them, or asked for less
+            # than that ago, or (the blocks asked at the start) until init_blocks came up.
+            waiting = len(pool.waiting_for)
+            young = sum(1 for t in pool.waiting_for if t < limits.max_idletime)
+            running = pool.blocks + pool.requested - waiting - idle
+            recent = max(needed, _blocks_for(peak, limits) + extra)
+            if len(pool.provisioning) < limits.init_blocks:
+                recent = max(recent, limits.init_blocks)
+            keep = running + max(young, min(waiting, max(recent - running, 0)))
         return min(max(lo, needed, keep), limits.max_blocks)
+
+
+def _blocks_for(active: int, limits: PoolLimits) -> int:
+    """Blocks ``active`` tasks need in a pool with ``limits`` (at least one if any)."""
+    needed = math.ceil(active * limits.parallelism / limits.slots_per_block)
+    return max(needed, 1) if active > 0 else needed
 
 
 def forecast_headroom(pool: LoadView, quantile: float) -> int:

@@ -66,9 +66,16 @@ def test_every_job_finishes_and_corral_never_stops_a_busy_block(runs: dict[str, 
 
 def test_stuck_blocks_are_replaced_only_where_some_block_is_stuck(runs: dict[str, Any]) -> None:
     assert runs["healthy"][0]["corral"].stuck_replaced == 0
-    assert runs["stuck"][0]["corral"].stuck_replaced > 0
     for scenario in runs:
         assert runs[scenario][0]["parsl"].stuck_replaced == 0  # no such thing
+    # In `stuck`, none of Corral's stuck blocks (30-60 min late) ever comes up: each is
+    # cancelled while pending, replaced at its provisioning timeout if the work still
+    # wants it, or earlier once nothing has wanted it for max_idletime.
+    s = bench.scenario_settings(bench.QUICK, "stuck")
+    cluster = bench.Cluster(s, bench.make_jobs(s, SEED), bench.Delays(s, SEED))
+    cluster.run(bench.FACTORIES["corral"](cluster))
+    stuck = [b for b in (*cluster.ended, *cluster.live.values()) if b.stuck]
+    assert stuck and all(b.ran is None for b in stuck), [(b.bid, b.ran) for b in stuck]
 
 
 def test_every_system_gets_the_same_jobs_and_delays() -> None:

@@ -268,8 +268,9 @@ def test_the_strategy_sees_a_load_view() -> None:
     start(s, 0.5)
     run(s, load(1.0, 3, **{"w-1": 0}), load(4.0, **{"w-1": 0}))
     # block-1 came up 0.5 s after its request; the first count has nothing to rise from
-    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,), 4.0, (), (0.5,))
-    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,), 1.0, (), (0.5,))  # idle
+    # (the 3 tasks counted at 1.0 are the peak of the last max_idletime, 60 s)
+    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,), 4.0, (), (0.5,), (), (), 3)
+    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,), 1.0, (), (0.5,), (), (), 3)
     # Rises of the active tasks are arrivals: 0 -> 5 -> 4 -> 6 (5 and 2 arrived).
     run(s, load(5.0, 4, **{"w-1": 1}), load(6.0, 3, **{"w-1": 1}), load(7.0, 5, **{"w-1": 1}))
     assert seen[-1].arrivals == ((5.0, 5), (7.0, 2))
@@ -286,9 +287,89 @@ def test_a_pending_block_is_never_idle() -> None:
     start(s, 0.6)  # block-2 running
     run(s, load(1.0, **{"w-1": 0, "w-2": 0}))
     assert s.blocks["block-1"].idle_since is None
-    # Only the running block was idle 60 s: it goes, the pending one stays.
+    # Only the running block was idle 60 s: it goes, the pending one stays (one of the
+    # pool's init_blocks, 2, has not come up yet).
     assert run(s, load(61.0, **{"w-1": 0, "w-2": 0})) == [DrainWorker("w-2", "block-2")]
     assert s.blocks["block-1"].idle_since is None and not s.blocks["block-1"].retiring
+
+
+def burst_on_one_running_block(s: AutoscalerState) -> None:
+    """block-1 runs (the pool's floor, min_blocks 1); 6 tasks arrive at 2.0: blocks 2-4
+    are asked for and queue in the batch system (pending); block-1 runs the 6 tasks,
+    done by 10.0 (the queue is empty, the blocks asked for have not run)."""
+    lim = limits(min_blocks=1, init_blocks=1, max_blocks=4, slots_per_block=1, max_idletime=20.0)
+    assert run(s, TargetSet(0.0, "p", 1, SPEC, lim)) == [StartBlock(1, "p", SPEC)]
+    start(s, 0.5)
+    assert run(s, load(1.0, **{"w-1": 0})) == []
+    assert run(s, load(2.0, 5, **{"w-1": 1})) == [StartBlock(r, "p", SPEC) for r in (2, 3, 4)]
+    for r in (2, 3, 4):
+        assert run(s, BlockStarted(2.5, r, f"block-{r}", (f"w-{r}",), "pending")) == []
+    assert run(s, load(10.0, **{"w-1": 0})) == []
+
+
+def test_blocks_still_queued_when_the_burst_is_gone_are_cancelled_before_they_run() -> None:
+    s = make()
+    burst_on_one_running_block(s)
+    # The 6 tasks counted at 2.0 are the demand of the last max_idletime (20 s) until
+    # 30.0, and the blocks were asked for less than 20 s ago until 22.0: kept till then.
+    for now in (15.0, 22.0, 29.9):
+        assert run(s, load(now, **{"w-1": 0})) == [], now
+    # Nothing wanted them for 20 s: the queued blocks are scaled in (their workers never
+    # joined: stopped, i.e. scancel), the running block-1 holds min_blocks (though idle
+    # 20 s itself: a floor is held by a running block, not by a queued one).
+    queued = [DrainWorker(f"w-{r}", f"block-{r}") for r in (2, 3, 4)]
+    assert run(s, load(30.0, **{"w-1": 0})) == queued
+    for r in (2, 3, 4):
+        assert run(s, DrainAnswered(30.1, f"w-{r}", False)) == [StopBlock(f"block-{r}")]
+        assert run(s, BlockStopped(30.2, f"block-{r}", "cancelled")) == []
+    assert [(e.block, e.cause, e.charged) for e in s.ends] == [
+        (f"block-{r}", "drained", False) for r in (2, 3, 4)
+    ]
+    assert list(s.blocks) == ["block-1"] and s.counts() == {"p": 1}
+    assert run(s, load(300.0, **{"w-1": 0})) == []  # the floor stays
+
+
+def test_a_lull_shorter_than_max_idletime_cancels_nothing() -> None:
+    """No flapping: the next burst comes 15 s after the last: the blocks still queued
+    for the first are kept (not cancelled, then asked for again)."""
+    s = make()
+    burst_on_one_running_block(s)
+    assert run(s, load(25.0, 3, **{"w-1": 1})) == []  # 4 active: the 4 blocks are wanted
+    assert run(s, load(44.9, **{"w-1": 0})) == []  # done at 44.9: wanted until 64.9
+    assert run(s, load(64.8, **{"w-1": 0})) == []
+    queued = [DrainWorker(f"w-{r}", f"block-{r}") for r in (2, 3, 4)]
+    assert run(s, load(64.9, **{"w-1": 0})) == queued
+
+
+def test_a_queued_block_goes_before_a_running_idle_one() -> None:
+    """Scaled in by hand (the fixed strategy) from 2 to 1 with block-1 running idle and
+    block-2 still queued: block-2 is cancelled, block-1 (capacity now) stays; from 1 to 0
+    block-1 goes too."""
+    s = AutoscalerState(AutoscalerConfig(), policies.REGISTRY.create("scaling", "fixed"))
+    asked = [StartBlock(1, "p", SPEC), StartBlock(2, "p", SPEC)]
+    assert run(s, TargetSet(0.0, "p", 2, SPEC)) == asked
+    assert run(s, BlockStarted(0.5, 1, "block-1", ("w-1",))) == []
+    assert run(s, BlockStarted(0.5, 2, "block-2", ("w-2",), "pending")) == []
+    assert run(s, load(1.0, **{"w-1": 0})) == []
+    assert run(s, TargetSet(2.0, "p", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert run(s, TargetSet(3.0, "p", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
+
+
+def test_the_blocks_asked_at_the_start_are_kept_until_init_blocks_came_up() -> None:
+    """No task yet (a client waits for its workers before it submits): the init blocks
+    stay queued however long the batch system takes; once init_blocks came up, the
+    usual rules (min_blocks 0: idle max_idletime, drained)."""
+    s = make()
+    assert run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=2))) == [
+        StartBlock(1, "p", SPEC), StartBlock(2, "p", SPEC),
+    ]  # fmt: skip
+    for r in (1, 2):
+        assert run(s, BlockStarted(0.5, r, f"block-{r}", (f"w-{r}",), "pending")) == []
+    assert run(s, load(1.0), load(500.0), BlockRunning(600.0, "block-1")) == []
+    assert run(s, load(601.0, **{"w-1": 0}), BlockRunning(650.0, "block-2")) == []
+    assert run(s, load(651.0, **{"w-1": 0, "w-2": 0})) == []
+    assert run(s, load(661.0, **{"w-1": 0, "w-2": 0})) == [DrainWorker("w-1", "block-1")]
+    assert run(s, load(711.0, **{"w-2": 0})) == [DrainWorker("w-2", "block-2")]
 
 
 # ----------------------------------------------------------------------------- at random
@@ -496,15 +577,17 @@ def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
 ) -> None:
     """Random loads on a virtual clock, with and without the forecast: the blocks stay
     within min and max (requests in flight included), and every block drained had been
-    idle for max_idletime with every one of its workers running nothing."""
+    idle for max_idletime with every one of its workers running nothing, or was asked
+    for and no longer wanted before it ran (a request taken back: its block is scaled
+    in as it starts)."""
     s = make(policies.REGISTRY.create("scaling", "demand", {"forecast": forecast}))
     now = 0.0
     processing: dict[str, int] = {}  # the workers' tasks as last seen
 
-    def drains_only_long_idle(out: list[Any]) -> None:
+    def drains_only_long_idle(out: list[Any], taken_back: str = "") -> None:
         for cmd in out:
             assert isinstance(cmd, StartBlock | DrainWorker), out
-            if isinstance(cmd, DrainWorker):
+            if isinstance(cmd, DrainWorker) and cmd.block != taken_back:
                 b = s.blocks[cmd.block]
                 assert all(processing.get(w, 0) == 0 for w in b.workers), (cmd, processing)
                 since = b.idle_since  # as of this event (idle from now, with 0 s)
@@ -515,8 +598,10 @@ def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
         now += dt
         while s.requests:  # a block up may teach the forecast a delay: it may ask more,
             for request in sorted(s.requests):  # or want fewer: a long-idle one drained
-                out = run(s, BlockStarted(now, request, f"block-{request}", (f"w-{request}",)))
-                drains_only_long_idle(out)
+                bid = f"block-{request}"  # (or the request taken back, as it starts)
+                taken_back = bid if request in s.cancelled else ""
+                out = run(s, BlockStarted(now, request, bid, (f"w-{request}",)))
+                drains_only_long_idle(out, taken_back)
             assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()
         workers = [w for b in s.blocks.values() for w in b.workers if not b.retiring]
         processing = {w: (busy[i] if i < len(busy) else 0) for i, w in enumerate(workers)}
@@ -546,17 +631,17 @@ def test_the_forecast_keeps_spare_blocks_for_the_arrivals_of_one_provisioning_de
     # the task is done: pending blocks count as capacity, the spare 3 are kept
     assert run(s, load(1300.0, **{"w-1": 0})) == []
     everyone = {f"w-{i}": 0 for i in range(1, 7)}
-    # block-1, idle over 60 s, goes: 5 blocks for the 3 spare
+    # block-1, idle over 60 s, goes; so do the two blocks beyond the 3 spare still
+    # pending (asked for 1200 s ago, nothing wanted them over the last 60 s): cancelled
+    # before they run, not kept to sit idle for 60 s once up
     assert run(s, *(BlockRunning(2402.0, f"block-{r}") for r in range(2, 7))) == [
-        DrainWorker("w-1", "block-1")
-    ]
-    assert s.pools["p"].provisioning == deque([1200.0] * 6)
-    # the 3 spare stay, the others drain once idle 60 s
-    assert run(s, load(2403.0, **everyone)) == []
-    assert run(s, load(2462.0, **everyone)) == []
-    assert run(s, load(2463.0, **everyone)) == [
-        DrainWorker("w-6", "block-6"), DrainWorker("w-5", "block-5"),
+        DrainWorker("w-1", "block-1"), DrainWorker("w-5", "block-5"),
+        DrainWorker("w-6", "block-6"),
     ]  # fmt: skip
+    assert s.pools["p"].provisioning == deque([1200.0] * 4)  # (not those scaled in)
+    # the 3 spare stay
+    assert run(s, load(2403.0, **everyone)) == []
+    assert run(s, load(2463.0, **everyone)) == []
     assert s.pools["p"].desired == 3
     for w in ("w-1", "w-6", "w-5"):
         run(s, DrainAnswered(2464.0, w, True))

@@ -372,8 +372,10 @@ def test_every_block_the_core_stops_is_listed_with_its_cause() -> None:
         (used, "requeued", "preempted", False),
         (used, "cancelled", "drained", False),
     ]
-    # Scaled in: its worker never joined (the scheduler does not know it): stopped.
-    assert run(s, TargetSet(4.0, "condo", 1, SPEC)) == [DrainWorker("w-2", idle)]
+    # Scaled in (to 0: the request in flight is taken back, then the running block is
+    # drained); its worker never joined (the scheduler does not know it): stopped.
+    assert run(s, TargetSet(4.0, "condo", 0, SPEC)) == [DrainWorker("w-2", idle)]
+    assert s.cancelled == {3}
     assert run(s, DrainAnswered(4.1, "w-2", False)) == [StopBlock(idle)]
     assert run(s, BlockStopped(4.2, idle, "cancelled")) == []
     # The cluster shuts down: the block asked for is stopped as it starts.

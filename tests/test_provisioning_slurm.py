@@ -7,6 +7,10 @@ FILE``) with a ``slurm`` pool on the one-node test cluster (``.ci/slurm up``).
 - A block's job cannot start for an hour (``--begin``): past the pool's
   ``provisioning_timeout`` it is cancelled in Slurm and another is submitted in its
   place; the manager logs why, and the status lists the end as ``stuck``.
+- A burst asks for more blocks while another job holds the rest of the node: they
+  queue (PENDING); the running block finishes the burst; once nothing has wanted them
+  for ``max_idletime`` they are cancelled in Slurm before they ever run (the other
+  job still holds the node), and the running block stays (``min_blocks``).
 
 Without a Slurm cluster that answers these tests skip (with ``CI=true`` they fail: CI
 starts the cluster). They hold the cluster's test lock while they run. Every wait is
@@ -27,7 +31,10 @@ import pytest
 
 from runtime import Cluster
 from tests.helpers import Cli, slurm_test_lock, wait_until
-from tests.test_slurm import slurm_conf  # noqa: F401  (the fixture: skip, or fail under CI)
+from tests.test_slurm import (
+    NODE_CPUS,
+    slurm_conf,  # noqa: F401  (the fixture: skip, or fail under CI)
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -39,12 +46,14 @@ CONF = (
 )
 
 
-def squeue(*argv: str) -> str:
+def slurm(*argv: str, check: bool = True) -> str:
     env = dict(os.environ, SLURM_CONF=CONF)
-    done = subprocess.run(
-        ["squeue", "-h", *argv], env=env, capture_output=True, text=True, timeout=30
-    )
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=check)
     return done.stdout
+
+
+def squeue(*argv: str) -> str:
+    return slurm("squeue", "-h", *argv, check=False)
 
 
 @pytest.fixture
@@ -151,3 +160,73 @@ scheduler_options = "#SBATCH --begin=now+3600"
             "the replacement cancelled with the manager",
             limit=30,
         )
+
+
+async def test_blocks_queued_for_a_burst_that_is_gone_are_cancelled_before_they_run(
+    cluster_lock: None, tmp_path: Path
+) -> None:
+    config = """
+[pools.pend]
+provider = "slurm"
+partition = "ckpt"
+min_blocks = 1
+init_blocks = 1
+max_blocks = 3
+workers_per_node = 1
+cores_per_worker = 1
+max_idletime = 5
+walltime = "00:10:00"
+"""
+    filler = f"corral-test-filler-{os.getpid()}"
+    try:
+        with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+            manager, address = _manager(cli, tmp_path, config)
+            async with Cluster(address) as cluster:
+                await cluster.wait_for_workers(1, timeout=LIMIT)
+                # Another job takes every other CPU of the node: new blocks must queue.
+                slurm("sbatch", "-p", "ckpt", f"-n{NODE_CPUS - 1}", f"--job-name={filler}",
+                      "-o", "/dev/null", "--wrap", "sleep 300")  # fmt: skip
+                await wait_until(
+                    lambda: squeue("-n", filler, "-t", "R", "-o", "%i").strip() != "",
+                    "the other job to run",
+                    limit=30,
+                )
+
+                def queued() -> str:
+                    return squeue("-n", "corral-pend-2,corral-pend-3", "-t", "PD", "-o", "%j")
+
+                futures = cluster.map(_slow, range(6))
+                # 6 active tasks: 2 more blocks asked for; they wait for the node.
+                await wait_until(
+                    lambda: sorted(queued().split()) == ["corral-pend-2", "corral-pend-3"],
+                    "blocks 2 and 3 queued",
+                    limit=30,
+                )
+                assert await cluster.gather(futures) == list(range(6))  # on block-1
+                # Nothing wants them for max_idletime (5 s): cancelled in Slurm.
+                await wait_until(
+                    lambda: squeue("-n", "corral-pend-2,corral-pend-3", "-o", "%i").strip() == "",
+                    "the queued blocks cancelled",
+                    limit=60,
+                )
+                # They never ran: the other job still holds the node.
+                assert squeue("-n", filler, "-t", "R", "-o", "%i").strip()
+                auto = await _auto(cluster)
+                ends = sorted((e["block"], e["cause"], e["charged"]) for e in auto["ends"])
+                assert ends == [
+                    ("pend/block-2", "drained", False),
+                    ("pend/block-3", "drained", False),
+                ], auto["ends"]
+                assert list(auto["blocks"]) == ["pend/block-1"] and auto["budget_spent"] == 0
+                status = await cluster.status()
+                assert [w.worker_id for w in status["workers"]] == ["pend-1"]
+            cli.stop([manager])
+    finally:
+        slurm("scancel", f"--name={filler}", check=False)
+
+
+def _slow(i: int) -> int:
+    import time
+
+    time.sleep(1)
+    return i
