@@ -528,10 +528,16 @@ class Autoscaler(Actor):
                 await self.scheduler.tell(WorkersSuspended(cmd.workers, cmd.held))
             return None
         if type(cmd) is BlockLost:
+            b = self.state.blocks.get(cmd.block)
+            if b is not None and not b.stopping:  # some of its workers are still there
+                what = ("block lost in part: a worker of it left without a word while the "
+                        "block still runs (stopped, hung or cut off): draining its other "
+                        "workers, then stopping it; replacing it")  # fmt: skip
+            else:
+                what = ("block lost: every worker of it left without a word while it still "
+                        "runs (stopped, hung or cut off): stopping it, replacing it")  # fmt: skip
             self.log.warning(
-                "block lost: every worker of it left without a word while it still runs "
-                "(stopped, hung or cut off): stopping it, replacing it",
-                block=cmd.block, pool=cmd.pool, workers=list(cmd.workers),
+                what, block=cmd.block, pool=cmd.pool, workers=list(cmd.workers),
                 seconds=round(cmd.seconds, 1),
             )  # fmt: skip
             return None

@@ -578,12 +578,14 @@ class BlockStuck(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockLost(Command):
-    """Every worker of ``block`` of ``pool`` that joined (``workers``) has been lost to
-    the scheduler for ``seconds`` (silent past its timeout, not back within the grace
-    for a rejoin) while the provider still says the block runs: a worker process
-    stopped, hung or cut off from the manager. It is stopped (:class:`StopBlock`
-    follows), its end listed as ``lost``, charged to the replacement budget, and the
-    proposal replaces it. For the log: nothing to carry out."""
+    """Workers of ``block`` of ``pool`` that joined (``workers``) have been lost to the
+    scheduler for ``seconds`` (silent past its timeout, not back within the grace for a
+    rejoin) while the provider still says the block runs: a worker process stopped,
+    hung or cut off from the manager. Its end is listed as ``lost``, charged to the
+    replacement budget, and the proposal replaces it at once. If they were all its
+    workers that joined, it is stopped (:class:`StopBlock` follows); else (lost in
+    part) its other workers are drained (:class:`DrainWorker` follows) and it is
+    stopped once they have left. For the log: nothing to carry out."""
 
     block: str
     pool: str
@@ -1400,15 +1402,16 @@ class AutoscalerState:
         return sum(len(ends) for ends in self.replacements.values())
 
     def _find_lost(self) -> None:
-        """Stop and replace each running block every worker of which that joined has
-        left the scheduler's count for ``lost_grace`` seconds (a configured pool's
-        own, its ``lost_grace`` key: :attr:`PoolLimits.lost_grace`), though the provider says
-        it runs and the scheduler never drained one of it (a drain, a walltime, a
-        preemption notice or ``tasks_per_worker`` ends a block on purpose, and its end
-        is told), nor did each say it left so (:meth:`_left_on_purpose`, heard through
-        :meth:`lost_candidates`): a worker stopped (SIGSTOP), hung or cut off, whose
-        process would otherwise hold its place in ``max_blocks`` (and its machine) for
-        ever."""
+        """Stop and replace each running block a worker of which that joined has left
+        the scheduler's count for ``lost_grace`` seconds (a configured pool's own, its
+        ``lost_grace`` key: :attr:`PoolLimits.lost_grace`; every one that joined: stopped
+        now; only some: its other workers drained first, stopped once they have left),
+        though the provider says it runs and the scheduler never drained one of it (a
+        drain, a walltime, a preemption notice or ``tasks_per_worker`` ends a block on
+        purpose, and its end is told), nor did the worker say it left so (its leave,
+        :data:`FREE_LEAVES`, heard through :meth:`lost_candidates`): a worker stopped
+        (SIGSTOP), hung or cut off, whose process would otherwise hold its place in
+        ``max_blocks`` (and its machine) until its walltime."""
         assert self.processing is not None
         for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
             ps = self.pools.get(b.pool)  # a configured pool's own (its lost_grace key)
@@ -1420,10 +1423,16 @@ class AutoscalerState:
             b.joined.update(known)
             for w in known:
                 b.left.pop(w, None)  # back (or still there): a leave heard is of a past life
+            if b.lost and not (b.stopping or b.draining or known):
+                # Its other workers were drained and left; the lost one still holds the
+                # job (a stopped or hung process): stop it.
+                self._stop(b)
+                continue
+            missing = sorted(
+                w for w in b.joined if w not in self.processing and b.left.get(w) not in FREE_LEAVES
+            )
             if (
-                known
-                or not b.joined
-                or self._left_on_purpose(b)
+                not missing
                 or b.state != "running"
                 or b.retiring
                 or b.suspended
@@ -1437,31 +1446,43 @@ class AutoscalerState:
             seconds = self._now - b.gone_since
             if seconds < grace:
                 continue
-            workers = tuple(sorted(b.joined))
+            workers = tuple(missing)
             b.lost = (
                 f"{b.block_id} lost: its worker(s) {', '.join(workers)} left the scheduler "
                 f"without a word {seconds:.0f} s ago while the block still ran (a worker "
-                "stopped, hung or cut off from the manager); stopped and replaced"
+                "stopped, hung or cut off from the manager); "
             )
+            if known:
+                # Part of it is lost: it no longer counts (its replacement is asked for
+                # now); its other workers finish what they run (drained, never taken
+                # back), then it is stopped.
+                b.lost += (
+                    f"its other worker(s) {', '.join(known)} drain, then it is stopped; replaced"
+                )
+            else:
+                b.lost += "stopped and replaced"
             self._out.append(BlockLost(b.block_id, b.pool, workers, seconds))
             self._unasked_end(b.pool, b.lost)
-            self._stop(b)
-
-    @staticmethod
-    def _left_on_purpose(b: BlockRecord) -> bool:
-        """Every worker of ``b`` that joined said why it left, and that ends its block on
-        purpose (:data:`FREE_LEAVES`: its walltime, a preemption, a drain): an idle
-        worker drained is gone within a tick, before any count showed it draining, and
-        its block ends by itself, however long its provider takes to see that."""
-        return all(b.left.get(w) in FREE_LEAVES for w in b.joined)
+            if known:
+                b.leaves = True
+                self._retire(b)
+            else:
+                self._stop(b)
 
     def lost_candidates(self) -> tuple[str, ...]:
-        """The workers of the running blocks none of whose workers the scheduler knows
-        (:meth:`_find_lost` counts down their ``lost_grace``): the shell asks the
-        scheduler why they left (:class:`WorkersLeft`), so a block whose workers left
-        on purpose is not taken for lost."""
+        """The workers that joined of the running blocks a worker of which the
+        scheduler no longer knows (:meth:`_find_lost` counts down their
+        ``lost_grace``): the shell asks the scheduler why they left
+        (:class:`WorkersLeft`), so a worker that left on purpose is not taken for lost."""
+        known = self.processing or {}
         return tuple(
-            sorted(w for b in self.blocks.values() if b.gone_since is not None for w in b.joined)
+            sorted(
+                w
+                for b in self.blocks.values()
+                if b.gone_since is not None
+                for w in b.joined
+                if w not in known
+            )
         )
 
     def _stop(self, b: BlockRecord) -> None:
@@ -1804,7 +1825,7 @@ class AutoscalerState:
             assert not b.rejoin or self.closing, (b, "un-drains left unsent")
             if b.scaled_in or b.leaves:
                 assert b.retiring, (b, "scaled in or leaving but counted")
-            assert not b.lost or b.stopping, (b, "lost but not stopped")
+            assert not b.lost or b.retiring, (b, "lost but counted")
             if b.stopping or b.draining or b.drained or b.unknown or b.stuck:
                 assert b.retiring, (b, "scaled in but not retiring")
             if b.retiring and not self.closing and not b.stopping:

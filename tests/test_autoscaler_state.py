@@ -876,6 +876,36 @@ def test_a_running_block_whose_workers_were_lost_is_stopped_and_replaced_as_lost
     assert s.ended_by == {"default": {"lost": 1}}
 
 
+def test_a_block_that_lost_one_of_its_workers_is_drained_then_stopped_and_replaced() -> None:
+    """Two workers per block, one stopped (SIGSTOP: the scheduler loses it, silent past
+    its timeout), the other still working: after lost_grace the block is lost in part.
+    It stops counting (its replacement is asked for now) and is charged; its other
+    worker drains (finishes what it runs; never taken back); once that one has left,
+    the block is stopped: the stopped process would hold the job until its walltime."""
+    s = make()
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
+    assert run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b"))) == []
+    assert run(s, QueuesSeen(1.0, {"default": 2}, {"w-1a": 1, "w-1b": 1})) == []
+    assert run(s, QueuesSeen(10.0, {"default": 2}, {"w-1a": 1})) == []  # w-1b lost
+    assert s.lost_candidates() == ("w-1b",)  # (the shell asks why it left)
+    assert run(s, QueuesSeen(69.0, {"default": 2}, {"w-1a": 1})) == []  # within the grace
+    assert run(s, QueuesSeen(70.0, {"default": 2}, {"w-1a": 1})) == [
+        BlockLost("block-1", "default", ("w-1b",), 60.0),
+        DrainWorker("w-1a", "block-1"),
+        DrainWorker("w-1b", "block-1"),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert s.spent("default") == 1
+    assert "its other worker(s) w-1a drain, then it is stopped" in s.last_failure["default"]
+    assert run(s, DrainAnswered(70.1, "w-1a", True), DrainAnswered(70.1, "w-1b", False)) == []
+    assert run(s, QueuesSeen(80.0, {"default": 2}, {"w-1a": 1})) == []  # finishing its task
+    assert run(s, QueuesSeen(90.0, {"default": 2}, {})) == [StopBlock("block-1")]  # it left
+    assert run(s, BlockStopped(91.0, "block-1", "cancelled")) == []
+    end = s.ends[-1]
+    assert (end.block, end.cause, end.charged) == ("block-1", "lost", True)
+    assert s.spent("default") == 1  # charged once
+
+
 def test_a_lost_block_that_ends_by_itself_while_stopped_is_listed_as_lost() -> None:
     s = make()
     run(s, TargetSet(0.0, "default", 1, SPEC))
@@ -893,22 +923,20 @@ def test_a_block_is_not_lost_while_a_worker_of_it_comes_back_or_never_joined() -
     """The grace restarts when a worker of the block is counted again (it rejoined);
     a block whose workers never joined (still starting) is not lost: the provisioning
     timeout is for those; a block the scheduler drained (walltime, an operator's
-    drain, preemption notice) ends on purpose; a multi-worker block with one worker
-    still there is not lost."""
+    drain, preemption notice) ends on purpose."""
     s = make()
-    run(s, TargetSet(0.0, "default", 3, SPEC))
+    run(s, TargetSet(0.0, "default", 2, SPEC))
     run(s, BlockStarted(0.1, 1, "block-1", ("w-1",)))
     run(s, BlockStarted(0.1, 2, "block-2", ("w-2",)))
-    run(s, BlockStarted(0.1, 3, "block-3", ("w-3a", "w-3b")))
-    assert run(s, QueuesSeen(1.0, {}, {"w-1": 1, "w-3a": 1, "w-3b": 1})) == []  # w-2: starting
-    assert run(s, QueuesSeen(10.0, {}, {"w-3a": 1})) == []
-    assert run(s, QueuesSeen(40.0, {}, {"w-1": 1, "w-3a": 1})) == []  # w-1 is back
-    assert run(s, QueuesSeen(50.0, {}, {"w-3a": 1})) == []
-    assert run(s, QueuesSeen(109.0, {}, {"w-3a": 1})) == []  # w-1: 59 s since 50
-    assert run(s, QueuesSeen(200.0, {}, {"w-3a": 1}))[:1] == [
+    assert run(s, QueuesSeen(1.0, {}, {"w-1": 1})) == []  # w-2: starting
+    assert run(s, QueuesSeen(10.0, {}, {})) == []
+    assert run(s, QueuesSeen(40.0, {}, {"w-1": 1})) == []  # w-1 is back
+    assert run(s, QueuesSeen(50.0, {}, {})) == []
+    assert run(s, QueuesSeen(109.0, {}, {})) == []  # w-1: 59 s since 50
+    assert run(s, QueuesSeen(200.0, {}, {}))[:1] == [
         BlockLost("block-1", "default", ("w-1",), 150.0)
     ]
-    assert sorted(s.blocks) == ["block-1", "block-2", "block-3"]  # block-1 stopping
+    assert sorted(s.blocks) == ["block-1", "block-2"]  # block-1 stopping
     # A block the scheduler drained (its walltime is near) is left to end on purpose.
     s = make()
     run(s, TargetSet(0.0, "default", 1, SPEC))
