@@ -73,6 +73,7 @@ from runtime.messages import (
     AutoscalerStatus,
     BatchErrorInfo,
     BlockMetrics,
+    DemandRequest,
     DrainRequest,
     Message,
     MetricsReply,
@@ -87,7 +88,6 @@ from runtime.messages import (
     StatusRequest,
     StoryRequest,
     UndrainRequest,
-    UnfitRequest,
     UpcomingRequest,
     WorkerGone,
     WorkersStopping,
@@ -688,7 +688,8 @@ class Autoscaler(Actor):
         policy: besides the queues, the core learns here which blocks' workers the
         scheduler drained (an end after that is free: walltime or drained) and which
         blocks are idle (scaled in first)."""
-        status = await self._read(StatusRequest(categories=False))  # (not used here)
+        # one ask: the queues, the workers and the unfit tasks from one scheduler turn
+        status = await self._read(DemandRequest())
         if not isinstance(status, dict) or not isinstance(status.get("queues"), dict):
             return None
         processing = status.get("processing")
@@ -701,8 +702,8 @@ class Autoscaler(Actor):
         retired = frozenset(str(w) for w in status.get("retired") or ())
         upcoming = await self._upcoming()
         # the ready tasks no block of a pool could run (too large for its workers): no
-        # demand for it (None: no answer; then every ready task counts, as before)
-        unfit = await self._read(UnfitRequest()) if status["queues"] else None
+        # demand for it
+        unfit = status.get("unfit")
         return QueuesSeen(
             now, status["queues"], processing, draining, upcoming, leaving, walltime, spent,
             retired, unfit if isinstance(unfit, dict) else {},

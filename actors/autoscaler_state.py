@@ -452,7 +452,7 @@ class QueuesSeen(Event):
     spent: frozenset[str] = frozenset()
     retired: frozenset[str] = frozenset()  #: of those, the ones told to stop
     #: per configured pool, the ready tasks of ``queued`` it may run that ask for more
-    #: cores or memory than its workers have (``UnfitRequest``): its blocks could never
+    #: cores or memory than its workers have (``DemandRequest``): its blocks could never
     #: run them, so they are no demand for it
     unfit: Mapping[str, int] = dataclasses.field(default_factory=dict)
 

@@ -130,6 +130,7 @@ from runtime.messages import (
     CopyFrom,
     DataDelivered,
     DataMissing,
+    DemandRequest,
     DrainRequest,
     DropCheckpointsMsg,
     DropKeys,
@@ -176,7 +177,6 @@ from runtime.messages import (
     TasksStarted,
     TryRecord,
     UndrainRequest,
-    UnfitRequest,
     UpcomingRequest,
     WaitForWorkersRequest,
     WorkerArrived,
@@ -1229,15 +1229,7 @@ class Scheduler(Actor):
         now = self.clock.now() if stalls or placement or st.throttled or queues else 0.0
         return {
             "workers": tuple(self.infos.values()),
-            "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
-            "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
-            "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
-            "leaving": tuple(sorted(w for w, ws in st.workers.items() if ws.leaving)),
-            "away": tuple(sorted(w for w, ws in st.workers.items() if ws.away is not None)),
-            "walltime_draining": tuple(
-                sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
-            ),
-            "spent_draining": tuple(sorted(w for w, ws in st.workers.items() if st.spent(ws))),
+            **self._workers_now(),
             # each worker's RSS with its task processes, as the core last heard it
             "rss": {w: ws.rss for w, ws in st.workers.items() if ws.rss},
             "memory": dict(self.memory),
@@ -1308,11 +1300,29 @@ class Scheduler(Actor):
         sets: a bounded look at them, never a scan of every task)."""
         return self.state.upcoming(self.clock.now(), max(int(msg.most), 0))
 
-    @handles(UnfitRequest)
-    def unfit(self, msg: UnfitRequest) -> dict[str, int]:
-        """Per configured pool, the ready tasks its workers could never run, for the
-        autoscaler's demand (from the core's counters)."""
-        return self.state.unfit_by_pool()
+    @handles(DemandRequest)
+    def demand(self, msg: DemandRequest) -> dict[str, Any]:
+        """What the autoscaler reads every tick, from one turn (from the core's
+        counters): the queues, the workers' tasks and drains, and per configured pool
+        the ready tasks its workers could never run."""
+        st = self.state
+        return {**self._workers_now(), "queues": st.queued_by_pool(), "unfit": st.unfit_by_pool()}
+
+    def _workers_now(self) -> dict[str, Any]:
+        """The workers' tasks in hand and the sets of those draining, retired, leaving,
+        away, drained for their walltime or their tasks_per_worker, by worker id."""
+        st = self.state
+        return {
+            "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
+            "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
+            "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
+            "leaving": tuple(sorted(w for w, ws in st.workers.items() if ws.leaving)),
+            "away": tuple(sorted(w for w, ws in st.workers.items() if ws.away is not None)),
+            "walltime_draining": tuple(
+                sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
+            ),
+            "spent_draining": tuple(sorted(w for w, ws in st.workers.items() if st.spent(ws))),
+        }
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:

@@ -163,6 +163,10 @@ class SchedulerConfig:
     #: ``pool_memory``) than a pool's workers have is no demand for that pool
     #: (:meth:`~actors.scheduler_state.SchedulerState.unfit_by_pool`)
     pool_cores: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: per configured pool, the disk of each of its workers when it is an amount
+    #: (``disk_per_worker`` a number of bytes): a ready task asking for more ``disk``
+    #: is no demand for that pool either
+    pool_disk: Mapping[str, int] = dataclasses.field(default_factory=dict)
     #: retries of one task the retry policy may make beyond its ``retries=`` budget
     #: (free, or charged to a budget spent already); past it the task fails with
     #: RetryPolicyLoop. The default retry policy's limits stay far below it

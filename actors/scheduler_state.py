@@ -1453,18 +1453,26 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def unfit_pools(self, pool: str | None, resources: Mapping[str, float]) -> list[str]:
         """The configured pools a task of ``pool`` asking for ``resources`` may run in
         (its own; for a task of no pool, every pool but a reserved one) whose workers,
-        as configured (``SchedulerConfig.pool_cores``, ``pool_memory``), all have fewer
-        cores or less memory than it asks: blocks of them could never run it. A pool
-        whose workers' memory is not known (the machine's) is taken to have enough."""
+        as configured (``SchedulerConfig.pool_cores``, ``pool_memory``, ``pool_disk``),
+        all have fewer cores, less memory or less disk than it asks: blocks of them
+        could never run it. A pool whose workers' memory or disk is not known (the
+        machine's, the file system's free space) is taken to have enough; so is one for
+        a resource no pool's configuration says (a custom one: workers say theirs when
+        they join)."""
         if not resources:
             return []
         cfg = self.config
         cores, memory = resources.get("cores", 0), resources.get("memory", 0)
+        disk = resources.get("disk", 0)
         return [
             p
             for p, has in cfg.pool_cores.items()
             if runs_on(pool, p, cfg.reserved_pools)
-            and (cores > has or memory > cfg.pool_memory.get(p, memory))
+            and (
+                cores > has
+                or memory > cfg.pool_memory.get(p, memory)
+                or disk > cfg.pool_disk.get(p, disk)
+            )
         ]
 
     def _no_pool_fits(self, pool: str | None, resources: Mapping[str, float]) -> bool:
@@ -5134,12 +5142,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             has = [f"{cores:g} core{'s' if cores != 1 else ''}"] if "cores" in res else []
             if "memory" in res and memory is not None:
                 has.append(f"{memory:,} B of memory")
+            if "disk" in res and (space := cfg.pool_disk.get(p)) is not None:
+                has.append(f"{space:,} B of disk")
             parts.append(f"{p!r}: {' and '.join(has)}")
+        disk = ", disk_per_worker" if any(p in cfg.pool_disk for p in unfit) else ""
         return (
             f"no configured pool it may run in has workers with enough ({'; '.join(parts)}), so no "
             "block is started or kept for it; give it a pool whose workers have enough "
-            "(pool=), raise that pool's cores_per_worker or memory_per_worker, or start a "
-            "worker with enough by hand"
+            f"(pool=), raise that pool's cores_per_worker or memory_per_worker{disk}, or "
+            "start a worker with enough by hand"
         )
 
     def _candidates(self, ts: TaskState) -> list[WorkerState]:

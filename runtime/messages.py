@@ -986,10 +986,15 @@ class UpcomingRequest(Message):
 
 
 @message(local=True)
-class UnfitRequest(Message):
-    """Autoscaler -> scheduler, in the manager's process: reply with, per configured
-    pool, the ready tasks it may run (its own; of no pool too, unless it is reserved)
-    that ask for more cores or memory than its configuration gives each of its workers
+class DemandRequest(Message):
+    """Autoscaler -> scheduler, in the manager's process: reply with a dict of what the
+    autoscaler reads every tick, all from one turn of the scheduler (one view: tasks
+    cannot move between two asks of it): ``queues`` (ready tasks per pool, ``"*"``:
+    any pool), and the workers' ``processing`` (tasks in hand), ``draining``,
+    ``retired``, ``leaving``, ``away``, ``walltime_draining`` and ``spent_draining`` as
+    in the scheduler's status; and ``unfit``: per configured pool, the ready tasks it
+    may run (its own; of no pool too, unless it is reserved) that ask for more cores,
+    memory or disk than its configuration gives each of its workers
     (``SchedulerState.unfit_by_pool``): its blocks could never run them, so they are no
     demand for it."""
 

@@ -554,6 +554,7 @@ async def start_control_plane(
         monitor=monitor_feed or monitoring is not None,
         pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
         pool_cores={p: s["cores"][0] for p, s in shapes.items()},
+        pool_disk={p: int(s["disk"][0]) for p, s in shapes.items() if "disk" in s},
         pools=tuple(pools) if pools else (fixed[0],) if fixed is not None else (),
         reserved_pools=frozenset(n for n, p in (pools or {}).items() if not p.any_pool_tasks),
     )  # fmt: skip

@@ -204,7 +204,7 @@ def test_active_tasks_count_any_pool_and_only_this_pools_workers() -> None:
 
 def test_ready_tasks_a_pools_workers_could_never_run_are_no_demand_for_it() -> None:
     # A task of no pool asking for more cores than p's workers have (the scheduler's
-    # unfit count, UnfitRequest): no block is asked for it, and an idle block is
+    # unfit count, DemandRequest): no block is asked for it, and an idle block is
     # drained at its max_idletime as if the task were not there; q's workers are
     # large enough: it is q's demand.
     s = make()

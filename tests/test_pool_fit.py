@@ -639,7 +639,7 @@ def test_a_task_no_pools_workers_could_run_keeps_no_block_past_its_idle_time(
     ``cores_per_worker = 1`` counted as that pool's demand: its idle block was kept
     past ``max_idletime`` for ever (and with none running, one was asked for) for work
     it could never run. Now the scheduler counts such tasks per pool
-    (``UnfitRequest``), the autoscaler leaves them out of the pool's demand, the block
+    (``DemandRequest``), the autoscaler leaves them out of the pool's demand, the block
     is scaled in at its idle time, and the task's story says why no block comes."""
     from runtime.cli_processes import Cli
 

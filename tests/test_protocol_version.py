@@ -274,6 +274,10 @@ CATALOGUES = {
     # UnfitRequest, the autoscaler's own question to the scheduler in its process (the
     # ready tasks a pool's workers could never run): it never crosses
     "55b903647acc5500ea12a5d1cf49f0b1a847d6a9efa8e3e3aafb68f3aab50d35": 3,
+    # DemandRequest in place of UnfitRequest: the autoscaler's one question per tick to
+    # the scheduler in its process (queues, workers and unfit tasks from one turn): it
+    # never crosses
+    "792b9b25d2f17f7eec8456cea700d8b3b7f1c030711c5d3777c759be6978bdaa": 3,
 }
 PACKAGES = ("runtime", "actors", "policies", "transport")
 

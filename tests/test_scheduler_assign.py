@@ -204,7 +204,7 @@ def test_ready_tasks_no_configured_pools_workers_could_run_are_counted_and_told(
 ) -> None:
     """Per configured pool, the ready tasks it may run that ask for more cores or memory
     than its configuration gives its workers (``unfit_by_pool``: no demand for its
-    blocks, the autoscaler's ``UnfitRequest``); the counters follow moves and starts
+    blocks, the autoscaler's ``DemandRequest``); the counters follow moves and starts
     (``validate`` recounts them). A task no configured pool could run says so in its
     story, with no worker joined yet."""
     s = make_state(pools=("cpu", "big"), pool_cores={"cpu": 1, "big": 8}, pool_memory={"cpu": GB})
@@ -235,6 +235,25 @@ def test_ready_tasks_no_configured_pools_workers_could_run_are_counted_and_told(
     cmds = join(s, "hand", cores=16, memory=4 * GB, pool="big")  # a worker by hand
     assert sorted(assigned(cmds)["hand"]) == ["fat", "huge", "small", "wide"]
     assert s.unfit_by_pool() == {}
+
+
+def test_a_ready_task_asking_for_more_disk_than_a_pools_workers_have_is_no_demand_for_it(
+    make_state: Factory,
+) -> None:
+    """A pool whose workers' disk is an amount (``disk_per_worker``, ``pool_disk``):
+    a task of no pool asking for more is unfit for it (no block started for it) as for
+    cores and memory; one whose disk is not known (the file system's) has enough."""
+    s = make_state(pools=("small", "big"), pool_cores={"small": 1, "big": 1},
+                   pool_disk={"small": GB})  # fmt: skip
+    submit(s, {"scratch": [], "tiny": []}, ["scratch", "tiny"],
+           attrs={"scratch": {"resources": {"disk": 2 * GB}},
+                  "tiny": {"resources": {"disk": GB // 2}}})  # fmt: skip
+    assert s.unfit_by_pool() == {"small": 1}  # scratch; big's disk is not known
+    s2 = make_state(pools=("small",), pool_cores={"small": 1}, pool_disk={"small": GB})
+    submit(s2, {"scratch": []}, ["scratch"], attrs={"scratch": {"resources": {"disk": 2 * GB}}})
+    assert s2.unfit_by_pool() == {"small": 1}
+    (why,) = [e[2] for e in s2.story_log if e[0] == "scratch" and e[2].startswith("waiting")]
+    assert f"('small': {GB:,} B of disk)" in why and "disk_per_worker" in why, why
 
 
 def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
