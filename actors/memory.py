@@ -65,6 +65,7 @@ memory tick, never per task.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -201,11 +202,11 @@ class MemoryConfig:
                 f"None; got {self.terminate}"
             )
         below = self.terminate if self.terminate is not None else self.throttle
-        if self.exit is not None and not self.exit > below:
+        if self.exit is not None and not below < self.exit < math.inf:
             raise MemoryConfigError(
                 f"exit must be above {'terminate' if self.terminate is not None else 'throttle'}"
-                f" ({below}), or None; got {self.exit} (a fraction of the limit, may be "
-                "over 1: 2.0 stops a thread worker at twice its limit)"
+                f" ({below}) and finite, or None to turn it off; got {self.exit} (a fraction "
+                "of the limit, may be over 1: 2.0 stops a thread worker at twice its limit)"
             )
         if self.first_delay <= 0 or self.growth < 1 or self.max_delay < self.first_delay:
             raise MemoryConfigError(

@@ -9,6 +9,7 @@ No event loop, no threads, no clock: ``now`` is a number the test picks.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import Any
 
@@ -1129,3 +1130,13 @@ def test_no_worker_stops_itself_without_the_option_a_process_of_its_own_or_a_tas
     with pytest.raises(MemoryConfigError, match=r"exit must be above terminate \(0.95\)"):
         MemoryConfig.of(LIMIT, {"exit": 0.9})
     assert MemoryConfig.of(LIMIT, {"exit": 2.0}).exit_at == 2 * LIMIT
+
+
+def test_an_exit_mark_that_is_not_finite_is_refused() -> None:
+    """``exit = inf`` (TOML's, or JSON's Infinity on --memory-options) passed every check
+    and made each worker's core fail at its first memory sample (OverflowError: the
+    mark in bytes), its tasks run elsewhere and its worker gone."""
+    with pytest.raises(
+        MemoryConfigError, match=r"exit must be above terminate \(0.95\) and finite"
+    ):
+        MemoryConfig.of(LIMIT, {"exit": math.inf})
