@@ -433,8 +433,10 @@ class WorkerState:
         self.exits = exits
         #: it stopped itself past its exit mark (:class:`Exit`): no event is taken since
         self.exiting = False
-        #: task executing in a thread -> the RSS of the first sample that saw it execute
+        #: task executing in a thread -> the RSS of the sample before the first that saw
+        #: it execute (what it allocated before that sample is its own rise)
         self._base: dict[Key, int] = {}
+        self._last_rss: int | None = None  #: the RSS of the latest sample, in thread execution
         self.max_fetches = max(2, 2 * nthreads) if max_fetches is None else max_fetches
         self.governor = mem.MemoryGovernor(memory)
         self.fetching: dict[Key, _Fetching] = {}
@@ -1120,19 +1122,27 @@ class WorkerState:
 
     def _exit(self, ev: MemorySampled, cfg: mem.MemoryConfig, out: list[Command]) -> bool:
         """In thread execution: past the ``exit`` mark with a task executing, charge the
-        executing task whose RSS rose most since a sample first saw it execute with an
-        ``oom`` try and stop the worker (:class:`Exit`), as a nanny would; True then.
-        A thread cannot be killed, and a task that grows on would take the machine."""
+        executing task whose RSS rose most since the sample before the first that saw
+        it execute with an ``oom`` try and stop the worker (:class:`Exit`), as a nanny
+        would; True then. A thread cannot be killed, and a task that grows on would take
+        the machine. When none rose by the governor's margin, what holds the worker past
+        the mark is not a task's (a value a stream serves after its spill, one a spill
+        writes, outputs): none is charged and the worker stays, as the terminate fence
+        spares a task process that did not grow (:class:`actors.memory.Spared`)."""
         base, running = self._base, self.running
         for k in [k for k in base if k not in running]:
             del base[k]
+        before = ev.rss if self._last_rss is None else self._last_rss
+        self._last_rss = ev.rss
         for k in ev.executing:
-            base.setdefault(k, ev.rss)
+            base.setdefault(k, before)
         bound = cfg.exit_at
         executing = [k for k in ev.executing if k in running]
         if bound is None or not self.exits or ev.rss < bound or not executing:
             return False
         key = max(executing, key=lambda k: ev.rss - base[k])  # the first of a tie
+        if ev.rss - base[key] < self.governor.margin:
+            return False
         seconds = dict(ev.executed).get(key, 0.0)
         result = TaskResult(
             key,

@@ -1091,7 +1091,8 @@ def test_a_thread_worker_past_its_exit_mark_charges_the_task_that_grew_and_stops
     """A user audit's memory hog grew a thread worker to 14.7 GB against its 1 GiB
     limit: a thread cannot be killed. With the ``exit`` option a worker process stops
     itself there, as dask's nanny restarts a worker: the executing task whose RSS rose
-    most since a sample first saw it execute ends ``oom`` (the scheduler's retry rules
+    most since the sample before the first that saw it execute ends ``oom`` (the
+    scheduler's retry rules
     and ``TaskOutOfMemory`` follow), the others are lost with the worker, and nothing
     is taken or told after."""
     s = state(nthreads=2, exit=1.5, exits=True)
@@ -1105,7 +1106,7 @@ def test_a_thread_worker_past_its_exit_mark_charges_the_task_that_grew_and_stops
     sample = MemorySampled(0.5, 1600, executing=("a", "b"), executed=(("a", 0.5), ("b", 0.4)))
     out = feed(s, sample)
     charged = TaskResult("a", "oom", 0.0, 0.5, rss=1600, rss_before=300, rss_peak=1600)
-    assert out[-2:] == [ReportDone((charged,)), Exit("a", 1600)]  # a rose 1300, b 700
+    assert out[-2:] == [ReportDone((charged,)), Exit("a", 1600)]  # both rose 1300: the first
     assert out[-3] == Log("error", EXIT_EVENT, (("key", "a"), ("rss", 1600), ("exit_at", 1500),
                          ("limit", LIMIT), ("rise", 1300), ("lost", 1)))  # fmt: skip
     assert s.exiting
@@ -1130,6 +1131,31 @@ def test_no_worker_stops_itself_without_the_option_a_process_of_its_own_or_a_tas
     with pytest.raises(MemoryConfigError, match=r"exit must be above terminate \(0.95\)"):
         MemoryConfig.of(LIMIT, {"exit": 0.9})
     assert MemoryConfig.of(LIMIT, {"exit": 2.0}).exit_at == 2 * LIMIT
+
+
+def test_a_worker_past_its_exit_mark_by_memory_no_task_grew_does_not_stop() -> None:
+    """Past the exit mark with memory that is no executing task's (a value a stream
+    serves after its spill: the user audit's 1.5 GB output read from a 1 GiB worker,
+    whose RSS was 1.56 GiB, past an exit mark of 1.5 GiB), a task that starts there and
+    grows by less than the governor's margin is not charged, and the worker does not
+    stop (it charged that task, alone: retried only on a larger worker, and lost its
+    outputs). A task that allocates past the mark before any sample saw it execute is
+    charged with what it allocated since the sample before."""
+    s = state(exit=1.5, exits=True)
+    feed(s, TasksAssigned(0.0, (task("x"),)))
+    finish(s, "x", nbytes=1500)
+    feed(s, Spilled(0.5, ("x",)), MemorySampled(0.6, 1560, serving=True))
+    feed(s, TasksAssigned(0.7, (task("a"),)))
+    for t, rss in ((0.8, 1570), (0.9, 1580)):
+        out = feed(s, MemorySampled(t, rss, executing=("a",), executed=(("a", t - 0.7),),
+                                    serving=True))  # fmt: skip
+        assert not [c for c in out if isinstance(c, Exit | ReportDone)] and not s.exiting
+    s = state(exit=1.5, exits=True)
+    feed(s, TasksAssigned(0.0, (task("hog"),)), MemorySampled(0.05, 300))
+    out = feed(s, MemorySampled(0.1, 1600, executing=("hog",), executed=(("hog", 0.05),)))
+    assert out[-1] == Exit("hog", 1600)
+    (done,) = [c for c in out if isinstance(c, ReportDone)]
+    assert done.results[0].outcome == "oom" and done.results[0].rss_before == 300
 
 
 def test_an_exit_mark_that_is_not_finite_is_refused() -> None:
