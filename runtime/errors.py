@@ -1326,7 +1326,8 @@ class TaskOutOfMemory(CorralError):
         if exited:  # a thread cannot be killed: its worker process stopped itself
             fence = (
                 "past its exit mark: its tasks run in threads, which cannot be killed, so "
-                "the worker stopped itself and another takes its place"
+                "the worker stopped itself (a pool or Cluster(processes=N) starts another "
+                "in its place; a worker started by hand is not replaced)"
             )
             fraction = (
                 "raise the exit fraction (memory_options exit), or run the workers with "

@@ -1640,3 +1640,16 @@ def test_a_kill_in_process_execution_names_the_inputs_held_twice(make_state: Fac
     small = TaskOutOfMemory("k", "w1", GB, GB, 1, own=500 * MB, copied=GB // 4 - 1)
     assert "as a copy of the worker's own" not in str(small)
     assert "as a copy" not in str(TaskOutOfMemory("k", "w1", GB, GB, 1, copied=GB))  # own?
+
+
+def test_a_thread_workers_exit_says_who_replaces_it() -> None:
+    """A worker started by hand (``python -m runtime worker``) that stops itself past its
+    exit mark exits with status 0, as a drained one, and nothing starts another (a
+    256 MiB worker with exit 1.5 and a hog: ``exit status 0``, the manager left with no
+    worker): the error said "another takes its place" of every such worker."""
+    err = str(TaskOutOfMemory("k", "w1", 3 * GB // 2, GB, 1, exited=True))
+    assert "past its exit mark" in err and "another takes its place" not in err
+    assert (
+        "the worker stopped itself (a pool or Cluster(processes=N) starts another in its "
+        "place; a worker started by hand is not replaced)" in err
+    )
