@@ -1123,12 +1123,13 @@ class WorkerState:
     def _exit(self, ev: MemorySampled, cfg: mem.MemoryConfig, out: list[Command]) -> bool:
         """In thread execution: past the ``exit`` mark with a task executing, charge the
         executing task whose RSS rose most since the sample before the first that saw
-        it execute with an ``oom`` try and stop the worker (:class:`Exit`), as a nanny
-        would; True then. A thread cannot be killed, and a task that grows on would take
-        the machine. When none rose by the governor's margin, what holds the worker past
-        the mark is not a task's (a value a stream serves after its spill, one a spill
-        writes, outputs): none is charged and the worker stays, as the terminate fence
-        spares a task process that did not grow (:class:`actors.memory.Spared`)."""
+        it execute (the newest of those within the governor's margin of the most) with
+        an ``oom`` try and stop the worker (:class:`Exit`), as a nanny would; True then.
+        A thread cannot be killed, and a task that grows on would take the machine.
+        When none rose by the governor's margin, what holds the worker past the mark is
+        not a task's (a value a stream serves after its spill, one a spill writes,
+        outputs): none is charged and the worker stays, as the terminate fence spares a
+        task process that did not grow (:class:`actors.memory.Spared`)."""
         base, running = self._base, self.running
         for k in [k for k in base if k not in running]:
             del base[k]
@@ -1140,9 +1141,17 @@ class WorkerState:
         executing = [k for k in ev.executing if k in running]
         if bound is None or not self.exits or ev.rss < bound or not executing:
             return False
-        key = max(executing, key=lambda k: ev.rss - base[k])  # the first of a tie
-        if ev.rss - base[key] < self.governor.margin:
+        margin = self.governor.margin
+        top = max(ev.rss - base[k] for k in executing)
+        if top < margin:
             return False
+        # Of those that rose within the margin of the most (ran through all the growth
+        # but its noise), the newest: the growth began when it began. The oldest, whose
+        # rise counts the RSS noise of the time it ran alone, would be charged for a hog
+        # started beside it (a sleeper charged, the hog retried free: measured).
+        seen = {k: i for i, k in enumerate(base)}  # (in the order first seen)
+        near = [k for k in executing if ev.rss - base[k] >= max(top - margin, margin)]
+        key = max(near, key=seen.__getitem__)
         seconds = dict(ev.executed).get(key, 0.0)
         result = TaskResult(
             key,

@@ -1099,6 +1099,7 @@ def test_a_thread_worker_past_its_exit_mark_charges_the_task_that_grew_and_stops
     a, b = task("a"), task("b")
     assert feed(s, TasksAssigned(0.0, (a, b))) == [Submit(a), Submit(b)]
     feed(s, MemorySampled(0.1, 300, executing=("a",), executed=(("a", 0.1),)))
+    feed(s, MemorySampled(0.15, 800, executing=("a",), executed=(("a", 0.15),)))  # a grew
     feed(s, MemorySampled(0.2, 900, executing=("a", "b"), executed=(("a", 0.2), ("b", 0.1))))
     # past the limit (1000) and the terminate fence, under the exit mark (1500): runs on
     out = feed(s, MemorySampled(0.3, 1400, executing=("a", "b"), executed=(("a", 0.3), ("b", 0.2))))
@@ -1106,7 +1107,7 @@ def test_a_thread_worker_past_its_exit_mark_charges_the_task_that_grew_and_stops
     sample = MemorySampled(0.5, 1600, executing=("a", "b"), executed=(("a", 0.5), ("b", 0.4)))
     out = feed(s, sample)
     charged = TaskResult("a", "oom", 0.0, 0.5, rss=1600, rss_before=300, rss_peak=1600)
-    assert out[-2:] == [ReportDone((charged,)), Exit("a", 1600)]  # both rose 1300: the first
+    assert out[-2:] == [ReportDone((charged,)), Exit("a", 1600)]  # a rose 1300, b 800
     assert out[-3] == Log("error", EXIT_EVENT, (("key", "a"), ("rss", 1600), ("exit_at", 1500),
                          ("limit", LIMIT), ("rise", 1300), ("lost", 1)))  # fmt: skip
     assert s.exiting
@@ -1166,3 +1167,23 @@ def test_an_exit_mark_that_is_not_finite_is_refused() -> None:
         MemoryConfigError, match=r"exit must be above terminate \(0.95\) and finite"
     ):
         MemoryConfig.of(LIMIT, {"exit": math.inf})
+
+
+def test_a_hog_started_beside_a_running_task_is_the_one_charged_at_the_exit_mark() -> None:
+    """Measured on a 256 MiB worker of 2 threads with exit 1.5: a task sleeping 20 s,
+    then a hog started beside it. The sleeper's rise since it began counted the hog's
+    growth and the RSS noise of the second it ran alone, so it was charged (``oom``,
+    retried only where it fits) and the hog was retried free. Of the tasks that rose
+    within the governor's margin of the most, the newest is charged: the growth began
+    when it began. One that rose well past the others is charged however old."""
+    s = state(nthreads=2, exit=1.5, exits=True)
+    feed(s, TasksAssigned(0.0, (task("sleeper"), task("hog"))))
+    feed(s, MemorySampled(0.1, 300, executing=("sleeper",), executed=(("sleeper", 0.1),)))
+    feed(s, MemorySampled(0.2, 302, executing=("sleeper",), executed=(("sleeper", 0.2),)))
+    both = ("sleeper", "hog")
+    feed(s, MemorySampled(0.3, 340, executing=both, executed=(("sleeper", 0.3), ("hog", 0.05))))
+    out = feed(s, MemorySampled(0.9, 1600, executing=both,
+                                executed=(("sleeper", 0.9), ("hog", 0.65))))  # fmt: skip
+    assert out[-1] == Exit("hog", 1600)
+    (done,) = [c for c in out if isinstance(c, ReportDone)]
+    assert [(r.key, r.outcome, r.rss_before) for r in done.results] == [("hog", "oom", 302)]
