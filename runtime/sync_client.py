@@ -216,7 +216,7 @@ class Client:
         if self._closed:
             return
         if self._default is not None and dask.config.get("scheduler", None) is self._default[1]:
-            dask.config.set(scheduler=self._default[0])
+            dask.config.set(scheduler=_live_scheduler(self._default[0]))
         try:
             self._wait(self.cluster.close, "client.close")
         finally:
@@ -277,6 +277,15 @@ class Client:
             with contextlib.suppress(Exception):  # closed meanwhile: read it here
                 return _as_client(self._soon(show, "repr"))
         return _as_client(show())
+
+
+def _live_scheduler(previous: Any) -> Any:
+    """The scheduler to give dask back: ``previous``, or if it is a Client closed since
+    (two Clients closed in the order they started), the one that Client saved."""
+    while isinstance(owner := getattr(previous, "__self__", None), Client) and owner._closed:
+        assert owner._default is not None  # it was dask's scheduler: it saved one
+        previous = owner._default[0]
+    return previous
 
 
 def _as_client(text: str) -> str:

@@ -99,6 +99,19 @@ async def test_synchronous_calls_work_inside_a_running_loop() -> None:
     assert not _loop_threads()
 
 
+async def test_two_clients_closed_in_start_order_give_dask_its_scheduler_back() -> None:
+    """Each Client set as default saves the scheduler before it: closed first, the first
+    one leaves the second's in place; the second, closed next, must not put back the
+    first, closed one's (``x.compute()`` then raised 'the cluster is not running')."""
+    before = dask.config.get("scheduler", None)
+    first, second = Client(workers=1), Client(workers=1)
+    first.close()
+    assert dask.delayed(inc)(1).compute() == 2  # the second's, still running
+    second.close()
+    assert dask.config.get("scheduler", None) is before
+    assert dask.delayed(inc)(2).compute() == 3
+
+
 async def test_an_interrupt_ends_the_wait_only() -> None:
     """The stop button (Ctrl-C: ``KeyboardInterrupt`` in the main thread) while a cell
     waits in ``fut.result()`` ends that wait; the task runs on, and its result is there
