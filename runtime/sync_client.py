@@ -100,6 +100,7 @@ class Client:
     def __init__(self, *args: Any, set_as_default: bool = True, **kwargs: Any) -> None:
         self.cluster = Cluster(*args, **kwargs)
         self._closed = False
+        self._closing = threading.Lock()  # one close at a time (from any thread)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="corral-client-loop", daemon=True
@@ -212,7 +213,12 @@ class Client:
         return self.cluster.dashboard_link
 
     def close(self) -> None:
-        """Stops the cluster and its loop's thread; dask's scheduler is set back."""
+        """Stops the cluster and its loop's thread; dask's scheduler is set back. Called
+        from several threads at once, it closes once; each returns when it is closed."""
+        with self._closing:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         if self._default is not None and dask.config.get("scheduler", None) is self._default[1]:

@@ -112,6 +112,32 @@ async def test_two_clients_closed_in_start_order_give_dask_its_scheduler_back() 
     assert dask.delayed(inc)(2).compute() == 3
 
 
+def test_close_called_from_two_threads_at_once_closes_once() -> None:
+    """A notebook's cell and a thread of its own (a watchdog, a finalizer) closing the
+    same Client: both return, the loop's thread ends. Unserialized, the second close
+    stopped the loop the first one then waited on (a thread hung for good) or raised
+    AttributeError / RuntimeError from the closed loop."""
+    client = Client(workers=1, set_as_default=False)
+    both = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        both.wait(GATE)
+        try:
+            client.close()
+        except BaseException as exc:  # reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=close, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GATE)
+    assert [t.is_alive() for t in threads] == [False, False]
+    assert errors == []
+    assert not _loop_threads()
+
+
 async def test_an_interrupt_ends_the_wait_only() -> None:
     """The stop button (Ctrl-C: ``KeyboardInterrupt`` in the main thread) while a cell
     waits in ``fut.result()`` ends that wait; the task runs on, and its result is there
