@@ -121,14 +121,17 @@ class Client:
     def _wait(self, work: Callable[[], Awaitable[Any]], call: str) -> Any:
         """Run ``work()`` on the client's loop and wait for it here; an interrupt of the
         wait cancels it. ``CorralError`` on the client's own loop, which it would block."""
-        if self._closed:
-            raise CorralError(f"{call}: this Client was closed; make a new Client(...)")
+        self._check_open(call)
         if threading.current_thread() is self._thread:
             raise CorralError(
                 f"{call} waits, and called in the Client's own event loop it would block "
                 "it: there, use client.cluster's coroutines (`await client.cluster.gather(...)`)"
             )
         return wait_on_loop(self._loop, work)
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise CorralError(f"{call}: this Client was closed; make a new Client(...)")
 
     def _soon(self, call: Callable[[], Any], name: str) -> Any:
         """``call()`` run on the client's loop (what must run there: ``submit``)."""
@@ -140,6 +143,7 @@ class Client:
 
     def _awaitable(self, work: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         """``work()`` run on the client's loop, awaitable from the caller's loop."""
+        self._check_open("await fut")
 
         async def main() -> Any:
             return await work()

@@ -96,6 +96,8 @@ async def test_synchronous_calls_work_inside_a_running_loop() -> None:
     assert dask.config.get("scheduler", None) is before
     with pytest.raises(CorralError, match="this Client was closed"):
         client.submit(inc, 1)
+    with pytest.raises(CorralError, match="this Client was closed"):
+        await b  # (was RuntimeError: Event loop is closed)
     assert not _loop_threads()
 
 
