@@ -1172,7 +1172,8 @@ def _futures_in(graph: Any) -> list[Future]:
             stack.extend(obj)
         elif t is dict:
             stack.extend(obj.values())
-        elif t is Task:  # a dask.delayed call's: its arguments (futures become references)
+        elif isinstance(obj, Task):  # a dask.delayed call's, or a list or dict of its
+            # arguments that also holds a delayed (dask's List, Dict: Task subclasses)
             stack.extend(obj.args)
             stack.extend(obj.kwargs.values())
         elif isinstance(obj, Expr | HighLevelGraph | MaterializedLayer):

@@ -469,6 +469,10 @@ def _plus(a: int, b: int = 0) -> int:
     return a + b
 
 
+def _sum_values(d: dict[str, int]) -> int:
+    return sum(d.values())
+
+
 @pytest.mark.parametrize("processes", [False, True])
 async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> None:
     """``dask.delayed(f)(fut)``: dask's ``Task`` counts only its own ``TaskRef``s as
@@ -485,3 +489,7 @@ async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> No
             assert await cluster.compute(dask.delayed(sum)([f, g])) == 3
             assert await cluster.compute(dask.delayed(_plus)(f, b=g)) == 3
             assert await cluster.compute(dask.delayed(_plus)(dask.delayed(_plus)(f), 1)) == 2
+            # with a delayed beside it, dask makes the list or dict a List or Dict task
+            beside = dask.delayed(_plus)(5)
+            assert await cluster.compute(dask.delayed(sum)([f, beside])) == 6
+            assert await cluster.compute(dask.delayed(_sum_values)({"f": f, "d": beside})) == 6
