@@ -114,6 +114,22 @@ async def test_two_clients_closed_in_start_order_give_dask_its_scheduler_back() 
     assert dask.delayed(inc)(2).compute() == 3
 
 
+def test_a_client_whose_cluster_was_closed_is_not_given_back_as_dasks_scheduler() -> None:
+    """A cell run again: the first Client's variable now holds the second, so its cluster
+    is closed as the warning says, ``await Cluster.running()[0].close()``. The second
+    Client's close must not give dask back the first one's scheduler (its cluster is
+    gone: ``x.compute()`` raised 'the cluster is not running')."""
+    before = dask.config.get("scheduler", None)
+    first = Client(workers=1)
+    second = Client(workers=1)
+    asyncio.run(first.cluster.close())  # (another loop than its own: closed on its own)
+    second.close()
+    assert dask.config.get("scheduler", None) is before
+    assert dask.delayed(inc)(2).compute() == 3
+    first.close()
+    assert dask.config.get("scheduler", None) is before
+
+
 def test_close_called_from_two_threads_at_once_closes_once() -> None:
     """A notebook's cell and a thread of its own (a watchdog, a finalizer) closing the
     same Client: both return, the loop's thread ends. Unserialized, the second close
