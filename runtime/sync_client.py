@@ -179,7 +179,7 @@ class Client:
         """``Cluster.as_completed`` as a plain iterator: each future as its task is done
         (with ``with_results``, ``(future, value)``)."""
         futures = list(futures)
-        by_future = {id(f.future): f for f in futures}
+        by_future = {id(_unwrapped(f)): f for f in futures}  # (a persisted one's: a Future)
         it = self._soon(
             lambda: self.cluster.as_completed(_unwrapped(futures), with_results=with_results),
             "client.as_completed",

@@ -21,7 +21,7 @@ from typing import Any
 import dask
 import pytest
 
-from runtime import Client, ClientFuture, Cluster
+from runtime import Client, ClientFuture, Cluster, futures_of
 from runtime.errors import CorralError, UnknownPolicyError
 
 BOUND = 20  # seconds any single test may take (blocking calls: pytest-timeout bounds it)
@@ -93,6 +93,8 @@ async def test_synchronous_calls_work_inside_a_running_loop() -> None:
         assert delayed.compute() == 42  # dask's default scheduler: the client's
         assert client.status()["runs"] == runs + 1
         assert [f.result() for f in client.as_completed(client.map(inc, [5]))] == [6]
+        persisted = futures_of(client.persist(dask.delayed(inc)(6)))  # the cluster's Futures
+        assert list(client.as_completed(persisted, with_results=True)) == [(persisted[0], 7)]
     assert dask.config.get("scheduler", None) is before
     with pytest.raises(CorralError, match="this Client was closed"):
         client.submit(inc, 1)
