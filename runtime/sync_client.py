@@ -33,7 +33,7 @@ _GIVE_FUTURES = frozenset({"scatter", "submit_graph"})
 
 class ClientFuture:
     """A :class:`~runtime.client.Future` of a :class:`Client`, waited for synchronously
-    (``fut.result()``) or awaited from any event loop (``await fut``)."""
+    (``fut.result()``) or awaited in any asyncio event loop (``await fut``; not trio)."""
 
     __slots__ = ("_client", "future")
 
@@ -75,7 +75,7 @@ class ClientFuture:
         self._client._soon(self.future.release, "fut.release()")
 
     def __await__(self) -> Any:
-        """``await fut`` in any event loop (a notebook cell's): the value."""
+        """``await fut`` in any asyncio event loop (a notebook cell's): the value."""
         return self._client._awaitable(self.future.result).__await__()
 
     def __reduce__(self) -> Any:
