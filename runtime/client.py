@@ -1154,6 +1154,11 @@ def futures_of(*collections: Any) -> list[Future]:
     return _futures_in(collections_to_expr(list(found), optimize_graph=False))
 
 
+#: types that wrap a Future in ``.future`` (runtime.sync_client's ClientFuture, which
+#: this layer does not import): _futures_in checks the Future they hold
+FUTURE_WRAPPERS: set[type] = set()
+
+
 def _futures_in(graph: Any) -> list[Future]:
     """The :class:`Future` objects inside ``graph`` (a graph, a dask expression, or
     what they hold), each once: where dask keeps a collection's values (legacy tasks'
@@ -1168,6 +1173,8 @@ def _futures_in(graph: Any) -> list[Future]:
         t = type(obj)
         if t is Future:
             found.setdefault(id(obj), obj)
+        elif t in FUTURE_WRAPPERS:
+            stack.append(obj.future)
         elif t is tuple or t is list or t is set or t is frozenset:
             stack.extend(obj)
         elif t is dict:

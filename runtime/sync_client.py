@@ -21,7 +21,7 @@ import anyio
 import dask
 import dask.threaded
 
-from runtime.client import Cluster, Future, wait_on_loop
+from runtime.client import FUTURE_WRAPPERS, Cluster, Future, wait_on_loop
 from runtime.errors import CorralError
 from runtime.task import in_task
 
@@ -85,6 +85,9 @@ class ClientFuture:
 
     def __repr__(self) -> str:
         return f"<ClientFuture {self.key!r} {self.status}>"
+
+
+FUTURE_WRAPPERS.add(ClientFuture)  # in a graph, checked as the Future it holds
 
 
 class Client:

@@ -274,3 +274,12 @@ def test_a_future_in_a_delayed_call_is_its_value() -> None:
         assert client.compute(dask.delayed(sum)([f, g])) == 5
         assert client.compute(dask.delayed(_add)(f.future, b=g)) == 5
         assert client.compute(dask.delayed(_pick)({"x": f})) == 2
+        # checked as its Future is (was MissingKeysError, or another cluster's same key)
+        with (
+            Client(workers=1, set_as_default=False) as other,
+            pytest.raises(CorralError, match="belongs to another cluster"),
+        ):
+            other.compute(dask.delayed(inc)(f))
+        g.release()
+        with pytest.raises(CorralError, match="was released"):
+            client.compute(dask.delayed(inc)(g))
