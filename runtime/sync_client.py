@@ -125,12 +125,15 @@ class Client:
         """Run ``work()`` on the client's loop and wait for it here; an interrupt of the
         wait cancels it. ``CorralError`` on the client's own loop, which it would block."""
         self._check_open(call)
+        self._check_thread(call)
+        return wait_on_loop(self._loop, work)
+
+    def _check_thread(self, call: str) -> None:
         if threading.current_thread() is self._thread:
             raise CorralError(
                 f"{call} waits, and called in the Client's own event loop it would block "
                 "it: there, use client.cluster's coroutines (`await client.cluster.gather(...)`)"
             )
-        return wait_on_loop(self._loop, work)
 
     def _check_open(self, call: str) -> None:
         if self._closed:
@@ -222,6 +225,7 @@ class Client:
     def close(self) -> None:
         """Stops the cluster and its loop's thread; dask's scheduler is set back. Called
         from several threads at once, it closes once; each returns when it is closed."""
+        self._check_thread("client.close()")  # (there, it would wait for itself for ever)
         with self._closing:
             self._close()
 

@@ -132,6 +132,24 @@ def test_a_client_whose_cluster_was_closed_is_not_given_back_as_dasks_scheduler(
     assert dask.config.get("scheduler", None) is before
 
 
+def test_close_called_on_the_clients_own_loop_is_refused_and_closes_nothing() -> None:
+    """``client.close()`` in code the Client's loop runs (a callback there) would wait
+    for its own loop: it stopped nothing and its thread waited for ever (dask's
+    scheduler already set back). Refused, the Client still works and closes after."""
+    before = dask.config.get("scheduler", None)
+    client = Client(workers=1)
+
+    async def close_there() -> None:
+        client.close()
+
+    with pytest.raises(CorralError, match="would block"):
+        client._wait(close_there, "a callback")
+    assert client.submit(inc, 1).result() == 2
+    assert dask.delayed(inc)(2).compute() == 3  # still dask's scheduler
+    client.close()
+    assert dask.config.get("scheduler", None) is before
+
+
 def test_close_called_from_two_threads_at_once_closes_once() -> None:
     """A notebook's cell and a thread of its own (a watchdog, a finalizer) closing the
     same Client: both return, the loop's thread ends. Unserialized, the second close
