@@ -757,6 +757,10 @@ class PoolState:
     provisioning: deque[float] = dataclasses.field(
         default_factory=lambda: deque(maxlen=DELAYS_KEPT)
     )
+    #: its blocks that have come up (run), each once (``provisioning`` keeps only the
+    #: latest delays): the ``demand`` strategy keeps the blocks asked at the start
+    #: until ``init_blocks`` came up
+    came_up: int = 0
     #: ``demand`` as counted before the latest count, ``(how many, until when)``, over
     #: the last ``max_idletime`` seconds: each is larger than those after it (a smaller
     #: one earlier is covered), so the first still in the window is the peak
@@ -958,6 +962,7 @@ class AutoscalerState:
         self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state, since=asked)
         if state == "running":
             self.pools[pool].provisioning.append(self._now - asked)
+            self.pools[pool].came_up += 1
         self.retry_at.pop(pool, None)  # the batch system answers again
         self.errors.pop(pool, None)
         if self.closing:
@@ -1216,6 +1221,8 @@ class AutoscalerState:
                 self._out.append(HoldWorkers(b.block_id, b.workers, False))
             elif b.state != "running" and not b.retiring:
                 self.pools[b.pool].provisioning.append(self._now - b.since)
+                if b.incarnation == 1:  # a requeued block came up before
+                    self.pools[b.pool].came_up += 1
             b.state = "running"
 
     def _block_held(self, ev: BlockHeld) -> None:
@@ -1636,7 +1643,7 @@ class AutoscalerState:
                 ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
                 ps.limits, active, self.idle_for(ps.pool), self._now,
                 tuple(ps.arrivals), tuple(ps.provisioning), self.upcoming_in(ps.pool),
-                self.waiting_for(ps.pool), self.peak(ps.pool),
+                self.waiting_for(ps.pool), self.peak(ps.pool), ps.came_up,
             )  # fmt: skip
         most = self._most(ps)
         try:

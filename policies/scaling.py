@@ -108,6 +108,10 @@ class LoadView(PoolView):
     #: the most ``active`` tasks counted over the last ``max_idletime`` seconds, now
     #: included (None: not known, and every block asked for is kept until it runs)
     peak: int | None = None
+    #: blocks of the pool that have come up (run) so far, each counted once (a requeued
+    #: block's next run is not counted again; ``provisioning`` keeps only the latest
+    #: delays, so its length is no count of them)
+    came_up: int = 0
 
 
 #: seconds of arrivals the autoscaler core keeps for the ``demand`` strategy's forecast
@@ -294,7 +298,7 @@ class DemandBlocks:
             young = sum(1 for t in pool.waiting_for if t < limits.max_idletime)
             running = pool.blocks + pool.requested - waiting - idle
             recent = max(needed, _blocks_for(peak, limits) + extra)
-            if len(pool.provisioning) < limits.init_blocks:
+            if pool.came_up < limits.init_blocks:
                 recent = max(recent, limits.init_blocks)
             keep = running + max(young, min(waiting, max(recent - running, 0)))
         return min(max(lo, needed, keep), limits.max_blocks)

@@ -269,8 +269,8 @@ def test_the_strategy_sees_a_load_view() -> None:
     run(s, load(1.0, 3, **{"w-1": 0}), load(4.0, **{"w-1": 0}))
     # block-1 came up 0.5 s after its request; the first count has nothing to rise from
     # (the 3 tasks counted at 1.0 are the peak of the last max_idletime, 60 s)
-    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,), 4.0, (), (0.5,), (), (), 3)
-    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,), 1.0, (), (0.5,), (), (), 3)
+    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,), 4.0, (), (0.5,), (), (), 3, 1)
+    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,), 1.0, (), (0.5,), (), (), 3, 1)
     # Rises of the active tasks are arrivals: 0 -> 5 -> 4 -> 6 (5 and 2 arrived).
     run(s, load(5.0, 4, **{"w-1": 1}), load(6.0, 3, **{"w-1": 1}), load(7.0, 5, **{"w-1": 1}))
     assert seen[-1].arrivals == ((5.0, 5), (7.0, 2))
@@ -370,6 +370,35 @@ def test_the_blocks_asked_at_the_start_are_kept_until_init_blocks_came_up() -> N
     assert run(s, load(651.0, **{"w-1": 0, "w-2": 0})) == []
     assert run(s, load(661.0, **{"w-1": 0, "w-2": 0})) == [DrainWorker("w-1", "block-1")]
     assert run(s, load(711.0, **{"w-2": 0})) == [DrainWorker("w-2", "block-2")]
+
+
+def test_the_blocks_counted_up_for_init_blocks_are_all_those_that_ran() -> None:
+    """init_blocks 21 (more than the 20 provisioning delays the core keeps): once the
+    21 came up, the usual rules hold. They went idle and were drained; 2 blocks asked
+    for a burst that was gone before they ran (its tasks cancelled) are cancelled once
+    nothing wanted them for max_idletime (they were kept for ever: the count of blocks
+    that came up was read from the 20 delays kept, never 21)."""
+    s = make()
+    lim = limits(init_blocks=21, max_blocks=24, slots_per_block=1, max_idletime=20.0)
+    assert len(run(s, TargetSet(0.0, "p", 0, SPEC, lim))) == 21
+    start(s, 0.5)
+    idle = {f"w-{i}": 0 for i in range(1, 22)}
+    assert run(s, load(1.0, **idle)) == []
+    assert len(run(s, load(21.0, **idle))) == 21  # idle max_idletime: drained
+    for i in range(1, 22):
+        assert run(s, DrainAnswered(21.1, f"w-{i}", True)) == []
+    assert run(s, load(22.0)) == []  # they retired: their blocks end by themselves
+    for i in range(1, 22):
+        end = BlockEnded(22.5, f"block-{i}", "completed", drained=True)
+        assert run(s, end) == [ReportGone(f"block-{i}", (f"w-{i}",), "drained", "completed")]
+    assert s.counts() == {"p": 0} and not s.blocks
+    assert run(s, load(30.0, 2)) == [StartBlock(r, "p", SPEC) for r in (22, 23)]
+    for r in (22, 23):
+        assert run(s, BlockStarted(30.5, r, f"block-{r}", (f"w-{r}",), "pending")) == []
+    assert run(s, load(31.0)) == []  # the tasks were cancelled: wanted until 50.5
+    assert run(s, load(50.0)) == []
+    queued = [DrainWorker(f"w-{r}", f"block-{r}") for r in (22, 23)]
+    assert run(s, load(51.0)) == queued
 
 
 # ----------------------------------------------------------------------------- at random
