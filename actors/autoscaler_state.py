@@ -703,6 +703,10 @@ class BlockRecord:
     #: since when no worker of it is known to the scheduler, though some joined and
     #: the provider says it runs (None: one is known, or none joined yet)
     gone_since: float | None = None
+    #: since when each worker of it that joined has been out of the scheduler's count
+    #: (not back, no leave on purpose heard): ``gone_since`` is the earliest of those
+    #: still out, so a worker back does not leave its grace to another gone later
+    missing_since: dict[str, float] = dataclasses.field(default_factory=dict)
     #: why it was stopped because its workers were lost while it ran
     #: (:class:`BlockLost`; "": it was not)
     lost: str = ""
@@ -1166,6 +1170,7 @@ class AutoscalerState:
         b.left.clear()  # the next run's workers join afresh, under the same ids
         b.joined.clear()
         b.gone_since = None
+        b.missing_since.clear()
         b.state = "pending"
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
@@ -1447,9 +1452,12 @@ class AutoscalerState:
                 or grace is None
             ):
                 b.gone_since = None
+                b.missing_since.clear()
                 continue
-            if b.gone_since is None:
-                b.gone_since = self._now
+            # Each worker's grace runs from when it went: one back leaves the count.
+            since = {w: b.missing_since.get(w, self._now) for w in missing}
+            b.missing_since = since
+            b.gone_since = min(since.values())
             seconds = self._now - b.gone_since
             if seconds < grace:
                 continue

@@ -906,6 +906,25 @@ def test_a_block_that_lost_one_of_its_workers_is_drained_then_stopped_and_replac
     assert s.spent("default") == 1  # charged once
 
 
+def test_each_worker_of_a_block_has_its_own_lost_grace() -> None:
+    """w-1a is out of the count at 10.0 and back at 50.0; w-1b went at 40.0: at 70.0 it
+    has been out 30 s, within its lost_grace (60 s), so the block is not lost; it is at
+    100.0. Before, the grace ran from 10.0 for as long as any worker of the block was
+    out, so w-1b was taken for lost 30 s after it went."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    assert run(s, QueuesSeen(1.0, {}, {"w-1a": 1, "w-1b": 1})) == []
+    assert run(s, QueuesSeen(10.0, {}, {"w-1b": 1})) == []  # w-1a out
+    assert run(s, QueuesSeen(40.0, {}, {})) == []  # w-1b out too
+    assert run(s, QueuesSeen(50.0, {}, {"w-1a": 1})) == []  # w-1a back
+    assert run(s, QueuesSeen(70.0, {}, {"w-1a": 1})) == []  # w-1b: 30 s
+    assert s.counts() == {"default": 1} and not s.failed
+    assert only(run(s, QueuesSeen(100.0, {}, {"w-1a": 1})), BlockLost) == [
+        BlockLost("block-1", "default", ("w-1b",), 60.0)
+    ]
+
+
 def test_a_lost_block_that_ends_by_itself_while_stopped_is_listed_as_lost() -> None:
     s = make()
     run(s, TargetSet(0.0, "default", 1, SPEC))
