@@ -700,8 +700,9 @@ class BlockRecord:
     refused: str = ""
     #: its workers the scheduler was seen to know (they joined, in a count)
     joined: set[str] = dataclasses.field(default_factory=set)
-    #: since when no worker of it is known to the scheduler, though some joined and
-    #: the provider says it runs (None: one is known, or none joined yet)
+    #: since when a worker of it that joined has been out of the scheduler's count
+    #: while the provider says it runs, the earliest of ``missing_since`` (None: none
+    #: is out, or none joined yet)
     gone_since: float | None = None
     #: since when each worker of it that joined has been out of the scheduler's count
     #: (not back, no leave on purpose heard): ``gone_since`` is the earliest of those
