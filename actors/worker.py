@@ -552,6 +552,11 @@ class Worker(Actor):
             )
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
+        # A sample before any task (those the scheduler sends are taken after this):
+        # the exit rule measures a task's rise from the sample before the first that
+        # saw it execute; with none, a hog that allocated before the first memory tick
+        # rose 0 and its worker stayed past its exit mark.
+        self._sample()
         self.start_soon(self._monitor)
 
     async def on_restart(self) -> None:

@@ -363,6 +363,34 @@ async def test_a_thread_worker_past_its_exit_mark_stops_itself_and_another_takes
     assert st["categories"]["creeping_hog"]["oom"] == 1
 
 
+def sudden_hog(nbytes: int, hold: float) -> int:
+    """Allocate ``nbytes`` at once (touched), then hold them ``hold`` seconds."""
+    block = np.ones(nbytes // 8)
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(block)
+
+
+async def test_a_hog_that_allocates_before_its_workers_first_sample_is_charged_at_exit() -> None:
+    """The exit rule charges a task with its rise since the sample before the first that
+    saw it execute. A worker's first task, on a worker that had taken no sample yet
+    (the first memory tick comes ``interval`` after it starts), had no sample before:
+    its rise was measured from the sample that saw it already grown, 0, so a hog that
+    allocated before that sample was never charged and its worker stayed far past its
+    exit mark (here 3 times its limit against an exit of 1.5, until the hog ended). The
+    worker samples once as it starts, before any task: the hog is charged."""
+    options = {"spill": None, "exit": 1.5, "interval": 3.0}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            processes=1, port=free_port(), memory_per_worker=MEMORY, memory_options=options
+        ) as c:
+            await c.wait_for_workers(1, timeout=60)
+            with pytest.raises(TaskOutOfMemory) as info:
+                await c.submit(sudden_hog, 3 * MEMORY, 10.0)
+    assert info.value.exited and info.value.rss >= 1.5 * MEMORY
+
+
 def large_output(nbytes: int) -> Any:
     return np.ones(nbytes // 8)
 
