@@ -493,3 +493,5 @@ async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> No
             beside = dask.delayed(_plus)(5)
             assert await cluster.compute(dask.delayed(sum)([f, beside])) == 6
             assert await cluster.compute(dask.delayed(_sum_values)({"f": f, "d": beside})) == 6
+            # a tuple with a delayed is an inline task, tuple(List(...))
+            assert await cluster.compute(dask.delayed(sum)((f, beside))) == 6
