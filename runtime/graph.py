@@ -816,7 +816,11 @@ def _items(obj: Any) -> Any:
 
 #: type -> what _holds_future does with its objects: True, a future's (returns True);
 #: a function, a container's, gives what it holds to look at; False, nothing
-_KINDS: dict[type, Any] = {list: _items, tuple: _items, set: _items, dict: dict.values}
+_BUILTIN_KINDS: dict[type, Any] = {list: _items, tuple: _items, set: _items, dict: dict.values}
+_KINDS = dict(_BUILTIN_KINDS)
+#: _KINDS holds at most this many types, then starts again: types made while a program
+#: runs (a class defined in a function, a notebook cell run again) are not kept for ever
+KINDS_KEPT = 1024
 
 
 def _task_items(task: Task) -> Any:
@@ -833,6 +837,9 @@ def _kind_of(t: type) -> Any:
         kind = _task_items  # tuple(List(...))
     else:
         kind = not issubclass(t, TaskRef) and bool(getattr(t, "__dask_future__", False))
+    if len(_KINDS) >= KINDS_KEPT:
+        _KINDS.clear()
+        _KINDS.update(_BUILTIN_KINDS)
     _KINDS[t] = kind
     return kind
 

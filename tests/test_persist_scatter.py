@@ -23,7 +23,9 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from dask._task_spec import Task
 
+import runtime.graph
 from runtime import Cluster, Future, futures_of
 from runtime.client import _LIVE_CLIENTS, _LOCAL_CHECK, nested_computes_on
 from runtime.codec import MAX_FRAME_BYTES
@@ -33,6 +35,7 @@ from runtime.errors import (
     EagerComputeOnCluster,
     TaskArgumentsTooLarge,
 )
+from runtime.graph import normalize_graph
 from tests.helpers import nodes
 
 pytestmark = pytest.mark.anyio
@@ -495,3 +498,23 @@ async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> No
             assert await cluster.compute(dask.delayed(_sum_values)({"f": f, "d": beside})) == 6
             # a tuple with a delayed is an inline task, tuple(List(...))
             assert await cluster.compute(dask.delayed(sum)((f, beside))) == 6
+
+
+def test_normalize_graph_keeps_no_type_of_an_argument_for_ever() -> None:
+    """normalize_graph notes, per type, whether an argument of that type is a future:
+    the table kept every type it was ever shown, so each class made while a program
+    ran (defined in a function, a notebook cell run again) stayed in memory for good.
+    It holds a bounded number of types: an early one is let go."""
+
+    def normalized_with_a_new_class() -> weakref.ref[type]:
+        cls = type("Made", (), {})
+        normalize_graph({"t": Task("t", _plus, cls())})
+        return weakref.ref(cls)
+
+    first = normalized_with_a_new_class()
+    gc.collect()
+    assert first() is not None  # (the table holds it: what this test is about)
+    for _ in range(runtime.graph.KINDS_KEPT):
+        normalized_with_a_new_class()
+    gc.collect()
+    assert first() is None
