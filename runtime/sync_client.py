@@ -300,8 +300,10 @@ def _live_scheduler(previous: Any) -> Any:
     """The scheduler to give dask back: ``previous``, or if it is a Client closed since
     (two Clients closed in the order they started), or whose cluster was (`await
     Cluster.running()[0].close()`, a cell run again), the one that Client saved."""
+    # (a cluster that runs, not one of Cluster.running(): it lists no client of a
+    # manager process, and a Client(address) runs without being there)
     while isinstance(owner := getattr(previous, "__self__", None), Client) and (
-        owner._closed or owner.cluster not in Cluster.running()
+        owner._closed or owner.cluster._system is None
     ):
         assert owner._default is not None  # it was dask's scheduler: it saved one
         previous = owner._default[0]

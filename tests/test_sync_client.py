@@ -132,6 +132,25 @@ def test_a_client_whose_cluster_was_closed_is_not_given_back_as_dasks_scheduler(
     assert dask.config.get("scheduler", None) is before
 
 
+def test_a_client_of_a_manager_process_is_given_back_as_dasks_scheduler() -> None:
+    """A Client joined to a manager (``Client(address)``) runs, yet its cluster is not
+    among ``Cluster.running()`` (which lists no client of a manager process): the next
+    Client's close took it for closed and gave dask back the scheduler before it
+    (None: ``x.compute()`` then ran in dask's local threads, not on the cluster)."""
+    host = Client(processes=0, set_as_default=False)
+    try:
+        before = dask.config.get("scheduler", None)
+        joined = Client(address=host.cluster.gateway_address, token=host.cluster._tokens.submit)
+        try:
+            Client(workers=1).close()
+            assert dask.config.get("scheduler", None) == joined._default_get
+        finally:
+            joined.close()
+        assert dask.config.get("scheduler", None) is before
+    finally:
+        host.close()
+
+
 def test_close_called_on_the_clients_own_loop_is_refused_and_closes_nothing() -> None:
     """``client.close()`` in code the Client's loop runs (a callback there) would wait
     for its own loop: it stopped nothing and its thread waited for ever (dask's
