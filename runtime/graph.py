@@ -802,7 +802,7 @@ def normalize_graph(
     plain = dict(graph)
     if all(isinstance(v, GraphNode) for v in plain.values()):
         for k, v in plain.items():
-            if type(v) is Task and _holds_future(v):
+            if (type(v) is Task or isinstance(v, NestedContainer)) and _holds_future(v):
                 plain[k] = _future_args_as_refs(v)
         return plain
     if known is None:
@@ -869,7 +869,9 @@ def _future_args_as_refs(task: Task) -> Task:
     and in an inline task (``(fut, dask.delayed(g)(1))`` makes ``tuple(List(...))``)."""
     args = tuple(_arg_as_refs(a) for a in task.args)
     if isinstance(task, NestedContainer):  # (its kwargs: only its constructor, its class's)
-        return type(task)(*args)
+        container = type(task)(*args)
+        container.key = task.key  # a graph's own node: dask.delayed([fut, delayed(g)(1)])
+        return container
     kwargs = {k: _arg_as_refs(v) for k, v in task.kwargs.items()}
     return Task(task.key, task.func, *args, _data_producer=task.data_producer, **kwargs)
 

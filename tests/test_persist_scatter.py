@@ -498,6 +498,9 @@ async def test_a_future_in_a_delayed_call_is_a_dependency(processes: bool) -> No
             assert await cluster.compute(dask.delayed(_sum_values)({"f": f, "d": beside})) == 6
             # a tuple with a delayed is an inline task, tuple(List(...))
             assert await cluster.compute(dask.delayed(sum)((f, beside))) == 6
+            # and dask.delayed of such a list or dict is a List or Dict node of its own
+            assert await cluster.compute(dask.delayed([f, beside])) == [1, 5]
+            assert await cluster.compute(dask.delayed({"f": f, "d": beside})) == {"f": 1, "d": 5}
 
 
 def test_normalize_graph_keeps_no_type_of_an_argument_for_ever() -> None:
