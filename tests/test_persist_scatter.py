@@ -521,3 +521,22 @@ def test_normalize_graph_keeps_no_type_of_an_argument_for_ever() -> None:
         normalized_with_a_new_class()
     gc.collect()
     assert first() is None
+
+
+class _MarkedFuture:
+    """A scheduler's future as dask knows one: ``__dask_future__`` and a key."""
+
+    __dask_future__ = True
+    key = "elsewhere"
+
+
+def test_a_list_met_while_the_type_table_starts_again_is_still_looked_into(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread's normalize_graph may empty the table of types (at KINDS_KEPT) as
+    this one looks up ``list``: found missing, ``list`` was noted as no container, and
+    the futures in lists went unseen (run on the Future object) until the next reset."""
+    monkeypatch.setattr(runtime.graph, "_KINDS", {})  # (emptied, not refilled yet)
+    for _ in range(2):
+        (node,) = normalize_graph({"t": Task("t", sum, [_MarkedFuture()])}).values()
+        assert node.dependencies == {"elsewhere"}
