@@ -700,13 +700,9 @@ class BlockRecord:
     refused: str = ""
     #: its workers the scheduler was seen to know (they joined, in a count)
     joined: set[str] = dataclasses.field(default_factory=set)
-    #: since when a worker of it that joined has been out of the scheduler's count
-    #: while the provider says it runs, the earliest of ``missing_since`` (None: none
-    #: is out, or none joined yet)
-    gone_since: float | None = None
     #: since when each worker of it that joined has been out of the scheduler's count
-    #: (not back, no leave on purpose heard): ``gone_since`` is the earliest of those
-    #: still out, so a worker back does not leave its grace to another gone later
+    #: while the provider says it runs (not back, no leave on purpose heard): each its
+    #: own, so a worker back does not leave its grace to another gone later
     missing_since: dict[str, float] = dataclasses.field(default_factory=dict)
     #: why it was stopped because its workers were lost while it ran
     #: (:class:`BlockLost`; "": it was not)
@@ -1170,7 +1166,6 @@ class AutoscalerState:
         b.sched_drained = False
         b.left.clear()  # the next run's workers join afresh, under the same ids
         b.joined.clear()
-        b.gone_since = None
         b.missing_since.clear()
         b.state = "pending"
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
@@ -1452,14 +1447,12 @@ class AutoscalerState:
                 or b.sched_drained
                 or grace is None
             ):
-                b.gone_since = None
                 b.missing_since.clear()
                 continue
             # Each worker's grace runs from when it went: one back leaves the count.
             since = {w: b.missing_since.get(w, self._now) for w in missing}
             b.missing_since = since
-            b.gone_since = min(since.values())
-            seconds = self._now - b.gone_since
+            seconds = self._now - min(since.values())
             if seconds < grace:
                 continue
             workers = tuple(missing)
@@ -1495,7 +1488,7 @@ class AutoscalerState:
             sorted(
                 w
                 for b in self.blocks.values()
-                if b.gone_since is not None
+                if b.missing_since
                 for w in b.joined
                 if w not in known
             )
